@@ -1,0 +1,171 @@
+"""One agent's loop over rounds: request, (the model's or scripted) tool calls, tool work, results.
+
+Every request goes through `attempt`, which registers its Trace in the in-flight registry
+(so the watchdog can see it stall and fire its give-up timeout) and always leaves exactly
+one record, whether it completed, failed, stalled or was cut short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from agentload.conversation import Conversation
+from agentload.records import Record, Trace
+from agentload.request import Result, classify_exception, send
+
+if TYPE_CHECKING:
+    from agentload.runner import RunContext
+
+_now = time.perf_counter_ns
+
+MAX_ERROR_RETRIES = 3
+RETRY_AFTER_CAP_S = 5.0
+
+
+@dataclass
+class AgentState:
+    """What the live view and the agent dump show for one agent."""
+
+    agent: int
+    round: int = 0
+    state: str = "waiting"  # waiting | request | tool | done | stalled | error | cut_short
+    since: int = field(default_factory=_now)
+    trace: Trace | None = None
+    rounds_completed: int = 0
+
+
+def agent_rng(seed: int, agent: int) -> random.Random:
+    # A per-agent stream that does not depend on how many agents there are.
+    return random.Random(seed * 1_000_003 + agent)
+
+
+async def attempt(ctx: "RunContext", session, trace: Trace, body: bytes) -> tuple[Record, Result | None]:
+    """Send one request under the give-up timeout; return its record (already written)."""
+    ctx.inflight[trace.request_id] = trace
+    result: Result | None = None
+    try:
+        async with asyncio.timeout(None) as cm:
+            trace.timeout_cm = cm
+            result = await send(session, ctx.url, body, trace)
+    except TimeoutError as e:
+        if trace.gave_up:
+            result = Result(None, None, "stall_give_up",
+                            f"no progress in {trace.stalled_phase} for {ctx.scenario.stall.give_up_s:g}s")
+        else:
+            err, msg = classify_exception(e)
+            result = Result(None, None, err, msg)
+    except asyncio.CancelledError:
+        # The run is being torn down: keep what was measured, then let the cancel go on.
+        trace.t.setdefault("end", _now())
+        rec = Record.from_trace(ctx.run_id, trace, outcome="cut_short", error="cut_short",
+                                error_msg="run ended while the request was in flight")
+        ctx.emit(rec)
+        ctx.inflight.pop(trace.request_id, None)
+        raise
+    except Exception as e:  # every failure becomes a record; nothing measured is lost
+        err, msg = classify_exception(e)
+        result = Result(None, None, err, msg)
+    finally:
+        trace.timeout_cm = None
+    ctx.inflight.pop(trace.request_id, None)
+    trace.t.setdefault("end", _now())
+    cs = result.stream
+    if result.error == "stall_give_up":
+        outcome = "stalled"
+    elif result.error is not None:
+        outcome = "error"
+    else:
+        outcome = "ok"
+    usage = cs.usage if cs is not None else None
+    rec = Record.from_trace(
+        ctx.run_id, trace, outcome=outcome, status=result.status, error=result.error,
+        error_msg=result.error_msg,
+        server_prompt_tokens=(usage or {}).get("prompt_tokens") if usage else None,
+        output_tokens=(usage or {}).get("completion_tokens") if usage else None,
+        finish_reason=cs.finish_reason if cs is not None else None,
+        tool_calls=len(cs.tool_calls) if cs is not None else 0,
+    )
+    ctx.emit(rec)
+    return rec, result
+
+
+async def run_agent(ctx: "RunContext", agent: int, intended_start: int | None = None) -> AgentState:
+    sc = ctx.scenario
+    conv_cfg = sc.conversation
+    st = ctx.agent_states[agent] = AgentState(agent)
+    conv = Conversation(conv_cfg, sc.target.model, agent_rng(sc.agents.seed, agent), agent, ctx.tools)
+    session = ctx.transport.session_for(agent)
+    intended = intended_start
+    try:
+        for rnd in range(1, sc.agents.rounds + 1):
+            if ctx.stopping:
+                st.state = "cut_short"
+                break
+            st.round = rnd
+            call = 0
+            errors = 0
+            while True:
+                body = conv.body()
+                rid = f"{ctx.run_id}-a{agent}-r{rnd}-c{call}"
+                trace = Trace("agent", agent, rnd, call, rid, len(conv.messages), len(body), conv.tokens,
+                              intended)
+                intended = None
+                st.state, st.since, st.trace = "request", _now(), trace
+                rec, res = await attempt(ctx, session, trace, body)
+                st.trace = None
+                if rec.outcome == "ok":
+                    break
+                if ctx.stopping:
+                    st.state = "cut_short"
+                    return st
+                if rec.outcome == "stalled":
+                    policy = sc.stall.on_give_up
+                    if policy == "retry":
+                        call += 1
+                        continue
+                    if policy == "next_round":
+                        res = None
+                        break
+                    st.state = "stalled"
+                    return st
+                errors += 1
+                if errors > MAX_ERROR_RETRIES:
+                    st.state = "error"
+                    return st
+                call += 1
+                wait = min(res.retry_after_s if (res and res.retry_after_s) else 0.2 * errors, RETRY_AFTER_CAP_S)
+                await ctx.sleep(wait)
+                if ctx.stopping:
+                    st.state = "cut_short"
+                    return st
+            st.rounds_completed += 1 if (res is not None) else 0
+            # The assistant turn: what the model said (model mode) or what the script decides.
+            if conv_cfg.mode == "model" and res is not None and res.stream is not None:
+                assistant = res.stream.assistant_message()
+                if not assistant.get("tool_calls"):
+                    conv.append(assistant)
+                    st.state = "done"
+                    return st
+            else:
+                assistant = conv.scripted_assistant(rnd)
+            conv.append(assistant)
+            if rnd == sc.agents.rounds:
+                break
+            st.state, st.since = "tool", _now()
+            delay = conv.tool_latency_s()
+            if delay > 0:
+                await ctx.sleep(delay)
+            for msg in conv.tool_results(assistant):
+                conv.append(msg)
+            if not assistant.get("tool_calls"):
+                conv.next_user_turn()
+        if st.state not in ("cut_short",):
+            st.state = "done"
+        return st
+    finally:
+        if sc.client.session == "per_agent":
+            await ctx.transport.close_agent(agent)

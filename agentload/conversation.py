@@ -1,0 +1,111 @@
+"""One agent's growing conversation: messages, tool schemas, tool calls and their results.
+
+The history only grows, so each message is serialised once and the request body is the
+joined bytes of a fixed prefix and the messages so far: appending a message never
+re-serialises the history.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+
+from agentload.scenario import ConversationConfig
+from agentload.tokens import message_tokens, synthetic_text, text_tokens
+
+
+def tool_schemas(n: int) -> list[dict[str, Any]]:
+    """n deterministic tool schemas: the same for every agent and every run."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{i}",
+                "description": f"Simulated tool number {i}: looks something up and returns text.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "query": {"type": "string", "description": "what to look up"},
+                        "limit": {"type": "integer", "description": "how many results"},
+                    },
+                    "required": ["query"],
+                },
+            },
+        }
+        for i in range(n)
+    ]
+
+
+class Conversation:
+    """Messages of one agent, with their serialised form and token estimate kept in step."""
+
+    __slots__ = ("cfg", "model", "rng", "tools", "_tools_tokens", "_head", "_parts", "messages",
+                 "tokens", "agent", "round")
+
+    def __init__(self, cfg: ConversationConfig, model: str, rng: random.Random, agent: int,
+                 tools: list[dict[str, Any]] | None = None):
+        self.cfg = cfg
+        self.model = model
+        self.rng = rng
+        self.agent = agent
+        self.round = 0
+        self.tools = tools if tools is not None else tool_schemas(cfg.tools)
+        body: dict[str, Any] = {"model": model, "max_tokens": cfg.max_tokens, "stream": cfg.stream}
+        if cfg.stream and cfg.include_usage:
+            body["stream_options"] = {"include_usage": True}
+        if self.tools:
+            body["tools"] = self.tools
+        # '{...,"messages":[' : everything but the messages, serialised once.
+        self._head = orjson.dumps(body)[:-1] + b',"messages":['
+        self._tools_tokens = text_tokens(orjson.dumps(self.tools).decode()) if self.tools else 0
+        self._parts: list[bytes] = []
+        self.messages: list[dict[str, Any]] = []
+        self.tokens = self._tools_tokens
+        sys_text = synthetic_text(rng, cfg.system_tokens.sample_int(rng))
+        user_text = synthetic_text(rng, max(1, cfg.user_tokens.sample_int(rng)))
+        self.append({"role": "system", "content": sys_text})
+        self.append({"role": "user", "content": user_text})
+
+    def append(self, message: dict[str, Any]) -> None:
+        self.messages.append(message)
+        self._parts.append(orjson.dumps(message))
+        self.tokens += message_tokens(message)
+
+    def body(self) -> bytes:
+        return self._head + b",".join(self._parts) + b"]}"
+
+    # ---- scripted mode: the agent decides the tool calls itself
+
+    def scripted_assistant(self, round_no: int) -> dict[str, Any]:
+        n = max(1, self.cfg.tool_calls_per_round.sample_int(self.rng)) if self.tools else 0
+        calls = []
+        for i in range(n):
+            tool = self.tools[self.rng.randrange(len(self.tools))]["function"]["name"]
+            args = orjson.dumps({"query": synthetic_text(self.rng, 4), "limit": self.rng.randint(1, 20)}).decode()
+            calls.append({"id": f"call_a{self.agent}r{round_no}n{i}", "type": "function",
+                          "function": {"name": tool, "arguments": args}})
+        msg: dict[str, Any] = {"role": "assistant", "content": None}
+        if calls:
+            msg["tool_calls"] = calls
+        else:
+            msg["content"] = synthetic_text(self.rng, 8)
+        return msg
+
+    # ---- both modes: what the simulated tools return
+
+    def tool_results(self, assistant: dict[str, Any]) -> list[dict[str, Any]]:
+        """One `role: tool` message per tool_call_id, in the order the calls came."""
+        out = []
+        for call in assistant.get("tool_calls") or ():
+            text = synthetic_text(self.rng, max(1, self.cfg.tool_result_tokens.sample_int(self.rng)))
+            out.append({"role": "tool", "tool_call_id": call.get("id") or "", "content": text})
+        return out
+
+    def tool_latency_s(self) -> float:
+        return self.cfg.tool_latency_ms.sample(self.rng) / 1000.0
+
+    def next_user_turn(self) -> None:
+        """After an answer with no tool call, scripted agents keep going with a new user turn."""
+        self.append({"role": "user", "content": synthetic_text(self.rng, max(1, self.cfg.user_tokens.sample_int(self.rng)))})

@@ -1,0 +1,230 @@
+"""Per-agent outcomes and the verdict: a pure function over records and samples.
+
+The verdict names one kind of problem, the phase it shows in, the first round it appears
+in and how many agents it touched, in one plain sentence, with checkable evidence. The
+order of the checks matters: agentload's own saturation makes every timing suspect, so it
+comes first; a server stall is never blamed on the pool just because many requests were in
+flight (the pool must really have been full, with waiters queued, for `client_pool`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import TYPE_CHECKING, Any
+
+from agentload.records import Record, phase_ns
+
+if TYPE_CHECKING:
+    from agentload.report.rundir import RunData
+
+SATURATION_LAG_MS = 200.0  # event-loop lag at which agentload's own timings stop meaning much
+POOL_WAIT_SHARE = 0.2  # pool_wait p90 this share of e2e p90 and waiters seen: the pool explains it
+SLOW_POOL_WAIT_MS = 100.0
+ERROR_SHARE = 0.05
+DISCONNECT_ERRORS = {"ServerDisconnectedError", "ClientOSError", "ClientPayloadError",
+                     "ClientConnectionResetError", "incomplete_stream", "ConnectionResetError"}
+CONNECT_ERRORS = {"connect_timeout", "ClientConnectorError", "ClientConnectorDNSError", "ConnectionRefusedError"}
+
+
+def agent_outcomes(data: "RunData") -> list[dict[str, Any]]:
+    per: dict[int, list[Record]] = defaultdict(list)
+    for r in data.records:
+        if r.kind == "agent":
+            per[r.agent].append(r)
+    out = []
+    for agent in sorted(per):
+        recs = per[agent]
+        recs.sort(key=lambda r: (r.round, r.call))
+        ok_rounds = {r.round for r in recs if r.outcome == "ok"}
+        last = recs[-1]
+        entry: dict[str, Any] = {"agent": agent, "rounds_completed": len(ok_rounds), "requests": len(recs)}
+        if last.outcome == "stalled":
+            entry.update(outcome="stalled", stalled_round=last.round, stalled_phase=last.stalled_phase)
+        elif last.outcome == "cut_short":
+            entry["outcome"] = "cut_short"
+            if last.stalled_phase:  # cut short while already stalled: the stall is the story
+                entry.update(outcome="stalled", stalled_round=last.round, stalled_phase=last.stalled_phase)
+        elif last.outcome == "error":
+            entry.update(outcome="error", error=last.error, error_round=last.round)
+        else:
+            entry["outcome"] = "done"
+        stalls = [r for r in recs if r.stalled_phase]
+        if stalls and "stalled_round" not in entry:
+            entry["stalls_survived"] = len(stalls)
+        out.append(entry)
+    return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
+
+
+def _threshold_evidence(stalled: list[Record], fine: list[Record]) -> tuple[str | None, int | None]:
+    """A clean prompt-size threshold is the strongest clue there is: say so when there is one."""
+    if not stalled:
+        return None, None
+    lo_stalled = min(r.prompt_tokens for r in stalled)
+    hi_stalled = max(r.prompt_tokens for r in stalled)
+    below = [r.prompt_tokens for r in fine if r.prompt_tokens < lo_stalled]
+    above_ok = [r.prompt_tokens for r in fine if r.prompt_tokens >= lo_stalled]
+    if not above_ok and below:
+        return (f"every request at or above {lo_stalled:,} prompt tokens stalled ({len(stalled)}), none below "
+                f"(largest that completed: {max(below):,} tokens)"), lo_stalled
+    return (f"stalled prompts {lo_stalled:,}-{hi_stalled:,} tokens; {len(above_ok)} request(s) of that size or "
+            f"larger completed, so size alone does not explain it"), None
+
+
+def _fmt_phase_counts(c: Counter) -> str:
+    return ", ".join(f"round {rnd} {ph}: {n}" for (rnd, ph), n in sorted(c.items()))
+
+
+def diagnose(data: "RunData") -> dict[str, Any]:
+    recs = [r for r in data.records if r.kind == "agent"]
+    canaries = [r for r in data.records if r.kind == "canary"]
+    samples = data.samples
+    agents = {r.agent for r in recs}
+    v: dict[str, Any] = {"kind": "healthy", "phase": None, "first_round": None, "agents_affected": 0,
+                         "summary": "", "evidence": []}
+    if not recs:
+        v.update(kind="no_data", summary="no agent request was recorded, so there is nothing to judge")
+        return v
+    ev: list[str] = v["evidence"]
+    max_lag = max([s.get("loop_lag_ms", 0.0) for s in samples] + [data.meta.get("max_loop_lag_ms") or 0.0])
+
+    stalled = [r for r in recs if r.stalled_phase]
+    fine = [r for r in recs if not r.stalled_phase and r.outcome == "ok"]
+    errors = [r for r in recs if r.outcome == "error"]
+    disconnects = [r for r in errors if r.error in DISCONNECT_ERRORS]
+    connects = [r for r in errors if r.error in CONNECT_ERRORS]
+    http_errors = [r for r in errors if r.error and (r.error.startswith("http_") or r.error == "inband_error")]
+    waiters_max = max([s.get("pool", {}).get("waiters", 0) for s in samples] + [0])
+    limit = (data.meta.get("scenario", {}).get("client", {}) or {}).get("limit", 0)
+
+    # 1. agentload itself could not keep up: nothing else it says can be trusted.
+    if max_lag >= SATURATION_LAG_MS:
+        v.update(kind="client_saturated", agents_affected=len(agents),
+                 summary=(f"agentload's own event loop lagged {max_lag:.0f} ms: its timings are not to be trusted; "
+                          f"run fewer agents per process or use --workers"))
+        ev.append(f"largest event-loop lag sampled: {max_lag:.0f} ms (threshold {SATURATION_LAG_MS:.0f} ms)")
+        return v
+
+    # 2. A real pool bottleneck: time spent queued for a slot, with waiters queued at the limit.
+    pool_waits = [phase_ns(r.t, "pool_wait", r.reused) or 0 for r in recs]
+    pool_stalls = [r for r in stalled if r.stalled_phase == "pool_wait"]
+    e2e = [phase_ns(r.t, "e2e") or 0 for r in recs if r.outcome == "ok"]
+    pw90 = _pct(pool_waits, 0.9) / 1e6
+    e2e90 = _pct(e2e, 0.9) / 1e6
+    queued = [r for r in recs if "queued_start" in r.t]
+    server_stalls = [r for r in stalled if r.stalled_phase in ("ttfb", "ttft", "stream")]
+    pool_explains = waiters_max > 0 and queued and (
+        pool_stalls and len(pool_stalls) >= len(server_stalls)
+        or (not server_stalls and pw90 >= SLOW_POOL_WAIT_MS and pw90 >= POOL_WAIT_SHARE * max(e2e90, 1e-9)))
+
+    if server_stalls and not (pool_explains and len(pool_stalls) > len(server_stalls)):
+        phases = Counter((r.round, r.stalled_phase) for r in server_stalls)
+        main_phase = Counter(r.stalled_phase for r in server_stalls).most_common(1)[0][0]
+        first_round = min(r.round for r in server_stalls)
+        affected = {r.agent for r in server_stalls}
+        v.update(kind="server_stall", phase=main_phase, first_round=first_round, agents_affected=len(affected))
+        thr_text, thr = _threshold_evidence(server_stalls, fine)
+        completed_before = {r.round for r in fine if r.agent in affected}
+        summary = (f"server stall: {len(affected)} of {len(agents)} agents stopped making progress in {main_phase} "
+                   f"from round {first_round} on")
+        if thr is not None:
+            summary += f", every request at or above {thr:,} prompt tokens stalled"
+        summary += "; the client pool is not the cause" if not pool_stalls else ""
+        v["summary"] = summary
+        ev.append(f"stalled requests by round and phase: {_fmt_phase_counts(phases)}")
+        if thr_text:
+            ev.append(thr_text)
+        if completed_before:
+            ev.append(f"the affected agents completed round(s) {min(completed_before)}-{max(completed_before)} "
+                      f"before stalling")
+        pings = sum(r.comments for r in server_stalls)
+        if pings:
+            ev.append(f"{pings} SSE comment(s) (': ping') arrived on stalled requests: bytes flowed, tokens did not")
+        free = [s for s in samples if s.get("stalled") and s.get("pool", {}).get("waiters", 0) == 0]
+        if samples and any(s.get("stalled") for s in samples):
+            ev.append(f"the pool had no waiters queued in {len(free)} of "
+                      f"{sum(1 for s in samples if s.get('stalled'))} samples taken while requests were stalled "
+                      f"(limit {limit or 'unlimited'}, max waiters seen {waiters_max})")
+        reused = sum(1 for r in server_stalls if r.reused)
+        ev.append(f"stalled requests on reused keep-alive connections: {reused}, on new connections: "
+                  f"{sum(1 for r in server_stalls if r.reused is False)}")
+        if server_stalls:
+            t0 = min(r.t.get("start", 0) for r in server_stalls)
+            during = [c for c in canaries if c.t.get("start", 0) >= t0]
+            ok = [c for c in during if c.outcome == "ok"]
+            if during:
+                lat = sorted((phase_ns(c.t, "e2e") or 0) / 1e6 for c in ok)
+                med = f", median {lat[len(lat) // 2]:.0f} ms" if lat else ""
+                ev.append(f"canaries (fresh connection, short prompt) sent after the first stalled request: {len(ok)}/{len(during)} "
+                          f"succeeded{med}" + (": the server is up and the hang depends on the agents' state"
+                                               if ok and len(ok) == len(during) else ""))
+        gave_up = sum(1 for r in server_stalls if r.outcome == "stalled")
+        later_ok = sum(1 for r in server_stalls if r.outcome == "ok")
+        if gave_up or later_ok:
+            ev.append(f"{gave_up} stalled request(s) were given up after give_up_s; {later_ok} finished late")
+        return v
+
+    if pool_explains:
+        affected = {r.agent for r in (pool_stalls or queued)}
+        first_round = min(r.round for r in (pool_stalls or queued))
+        v.update(kind="client_pool", phase="pool_wait", first_round=first_round, agents_affected=len(affected),
+                 summary=(f"client pool exhausted: requests waited for a free connection (limit {limit}), "
+                          f"pool_wait p90 {pw90:.0f} ms of e2e p90 {e2e90:.0f} ms; the server was not the bottleneck"))
+        ev.append(f"up to {waiters_max} request(s) queued for a connection at limit {limit}")
+        ev.append(f"{len(queued)} of {len(recs)} requests waited in the pool; pool_wait p90 {pw90:.0f} ms")
+        if pool_stalls:
+            ev.append(f"{len(pool_stalls)} request(s) stalled in pool_wait (no connection for stall.after_s)")
+        ttfb = [(phase_ns(r.t, 'ttfb') or 0) / 1e6 for r in recs if r.outcome == "ok"]
+        ev.append(f"once sent, the server answered: ttfb p50 {_pct(ttfb, 0.5):.0f} ms")
+        return v
+
+    if connects and len(connects) >= ERROR_SHARE * len(recs):
+        v.update(kind="connect", phase="connect", first_round=min(r.round for r in connects),
+                 agents_affected=len({r.agent for r in connects}),
+                 summary=f"connections failed: {len(connects)} of {len(recs)} requests could not connect")
+        ev.append(f"errors: {dict(Counter(r.error for r in connects))}")
+        return v
+
+    if disconnects and len(disconnects) >= max(1, ERROR_SHARE * len(recs)):
+        stale = [r for r in disconnects if r.reused and "headers" not in r.t]
+        mid = [r for r in disconnects if "headers" in r.t]
+        first = min(r.round for r in disconnects)
+        phase = "stream" if len(mid) >= len(stale) else "send"
+        v.update(kind="disconnects", phase=phase, first_round=first,
+                 agents_affected=len({r.agent for r in disconnects}),
+                 summary=(f"the server closed connections: {len(disconnects)} of {len(recs)} requests failed "
+                          f"({len(mid)} mid-response, {len(stale)} on a stale keep-alive connection before any answer)"))
+        ev.append(f"errors: {dict(Counter(r.error for r in disconnects))}")
+        if stale:
+            ev.append(f"{len(stale)} POST(s) on a reused keep-alive connection closed before headers: aiohttp does "
+                      f"not retry these; the server's keep-alive timeout is shorter than the client's "
+                      f"({(data.meta.get('scenario', {}).get('client', {}) or {}).get('keepalive_timeout')} s)")
+        return v
+
+    if http_errors and len(http_errors) >= max(1, ERROR_SHARE * len(recs)):
+        by_round = Counter(r.round for r in http_errors)
+        first = min(by_round)
+        v.update(kind="server_errors", phase="ttfb", first_round=first,
+                 agents_affected=len({r.agent for r in http_errors}),
+                 summary=(f"server errors: {len(http_errors)} of {len(recs)} requests answered with errors "
+                          f"({', '.join(f'{k} x{n}' for k, n in Counter(r.error for r in http_errors).most_common())}), "
+                          f"first in round {first}"))
+        ev.append("errors by round: " + ", ".join(f"round {k}: {n}" for k, n in sorted(by_round.items())))
+        ev.append(f"sample message: {http_errors[0].error_msg}")
+        return v
+
+    v["summary"] = (f"healthy: {len(fine)} of {len(recs)} requests completed without a stall over "
+                    f"{max(r.round for r in recs)} round(s); no pool queueing that mattered")
+    ttft = [((phase_ns(r.t, 'ttfb') or 0) + (phase_ns(r.t, 'ttft') or 0)) / 1e6 for r in fine]
+    ev.append(f"time to first token p50 {_pct(ttft, 0.5):.0f} ms, p99 {_pct(ttft, 0.99):.0f} ms")
+    if errors:
+        ev.append(f"{len(errors)} error(s) below the {ERROR_SHARE:.0%} threshold: {dict(Counter(r.error for r in errors))}")
+    if waiters_max:
+        ev.append(f"up to {waiters_max} waiter(s) queued for a connection, pool_wait p90 {pw90:.0f} ms")
+    return v

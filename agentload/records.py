@@ -1,0 +1,225 @@
+"""The request record: one immutable JSONL line per request, and the in-flight trace it comes from.
+
+Timestamps are raw `time.perf_counter_ns()` values (CLOCK_MONOTONIC on Linux); `run.json`
+holds the anchor (`t0_ns`, `t0_unix`) that turns them into wall-clock times. Phases are
+derived from timestamps at report time, never stored.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import orjson
+
+RECORD_VERSION = 1
+
+# Keys of Record.t, in the order a request passes them.
+STAMPS = ("intended", "start", "queued_start", "queued_end", "conn_start", "conn_end",
+          "sent", "headers", "first_byte", "first_token", "end")
+
+PHASES = ("pool_wait", "connect", "send", "ttfb", "ttft", "stream")
+REPORT_PHASES = ("pool_wait", "connect", "ttfb", "ttft", "stream", "e2e")
+
+OUTCOMES = ("ok", "error", "stalled", "cut_short")
+
+
+class Trace:
+    """Mutable timestamps of one request in flight. Hooks only stamp; nothing else happens here."""
+
+    __slots__ = ("kind", "agent", "round", "call", "request_id", "messages", "prompt_bytes",
+                 "prompt_tokens", "t", "reused", "chunks", "token_chunks", "comments", "last_token",
+                 "max_gap", "max_gap_at", "stalled_phase", "stalled_at", "gave_up", "timeout_cm",
+                 "bytes_in")
+
+    def __init__(self, kind: str, agent: int, round_: int, call: int, request_id: str,
+                 messages: int, prompt_bytes: int, prompt_tokens: int, intended: int | None = None):
+        self.kind = kind
+        self.agent = agent
+        self.round = round_
+        self.call = call
+        self.request_id = request_id
+        self.messages = messages
+        self.prompt_bytes = prompt_bytes
+        self.prompt_tokens = prompt_tokens
+        self.t: dict[str, int] = {}
+        if intended is not None:
+            self.t["intended"] = intended
+        self.reused: bool | None = None
+        self.chunks = 0
+        self.token_chunks = 0
+        self.comments = 0
+        self.bytes_in = 0
+        self.last_token = 0
+        self.max_gap = 0
+        self.max_gap_at = 0
+        self.stalled_phase: str | None = None
+        self.stalled_at = 0
+        self.gave_up = False
+        self.timeout_cm: Any = None  # asyncio.Timeout the watchdog fires on give-up
+
+    def phase(self) -> str:
+        """The phase the request is in now, from which stamps exist."""
+        t = self.t
+        if "first_token" in t:
+            return "stream"
+        if "headers" in t:
+            return "ttft"
+        if "sent" in t:
+            return "ttfb"
+        if "conn_end" in t or self.reused:
+            return "send"
+        if "conn_start" in t:
+            return "connect"
+        return "pool_wait"
+
+    def progress_ns(self) -> int:
+        """When the request last made progress: entering its phase, or its last token."""
+        t = self.t
+        if "first_token" in t:
+            return self.last_token
+        for k in ("headers", "sent", "conn_end", "conn_start", "queued_start", "start"):
+            if k in t:
+                return t[k]
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    v: int
+    run: str
+    kind: str  # "agent" or "canary"
+    agent: int
+    round: int
+    call: int  # attempt within the round (retries after a give-up count up)
+    request_id: str
+    messages: int
+    prompt_bytes: int
+    prompt_tokens: int  # agentload's estimate (the mock counts the same way)
+    server_prompt_tokens: int | None
+    output_tokens: int | None
+    status: int | None
+    outcome: str  # ok | error | stalled | cut_short
+    error: str | None  # error class, e.g. ServerDisconnectedError, http_500, stall_give_up
+    error_msg: str | None
+    stalled_phase: str | None  # set when no progress for stall.after_s, even if it finished later
+    reused: bool | None  # keep-alive connection reused (True) or new (False)
+    finish_reason: str | None
+    tool_calls: int
+    chunks: int
+    token_chunks: int
+    comments: int  # SSE comment lines such as ": ping" (bytes, not progress)
+    max_gap_ns: int  # largest gap between two token chunks
+    max_gap_at: int  # stamp of the chunk that ended that gap
+    t: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_trace(cls, run: str, tr: Trace, *, outcome: str, status: int | None = None,
+                   error: str | None = None, error_msg: str | None = None,
+                   server_prompt_tokens: int | None = None, output_tokens: int | None = None,
+                   finish_reason: str | None = None, tool_calls: int = 0) -> "Record":
+        return cls(RECORD_VERSION, run, tr.kind, tr.agent, tr.round, tr.call, tr.request_id,
+                   tr.messages, tr.prompt_bytes, tr.prompt_tokens, server_prompt_tokens,
+                   output_tokens, status, outcome, error, error_msg, tr.stalled_phase, tr.reused,
+                   finish_reason, tool_calls, tr.chunks, tr.token_chunks, tr.comments,
+                   tr.max_gap, tr.max_gap_at, dict(tr.t))
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Record":
+        return cls(**{k: d[k] for k in _FIELDS})
+
+    # ---- derived values (never stored)
+
+    def phase_ns(self, phase: str) -> int | None:
+        return phase_ns(self.t, phase, self.reused)
+
+
+_FIELDS = tuple(Record.__dataclass_fields__)
+
+
+def phase_ns(t: dict[str, int], phase: str, reused: bool | None = None) -> int | None:
+    """Duration of one phase from raw stamps; None where the request never got through it."""
+    start = t.get("start")
+    if start is None:
+        return None
+    if phase == "e2e":
+        end = t.get("end")
+        return None if end is None else end - start
+    if phase == "pool_wait":
+        if "queued_start" in t:
+            return (t["queued_end"] - t["queued_start"]) if "queued_end" in t else None
+        return 0 if ("conn_start" in t or reused or "sent" in t) else None
+    if phase == "connect":
+        if "conn_start" in t:
+            return (t["conn_end"] - t["conn_start"]) if "conn_end" in t else None
+        return 0 if ("sent" in t) else None
+    if phase == "send":
+        ready = t.get("conn_end") or t.get("queued_end") or start
+        return (t["sent"] - ready) if "sent" in t else None
+    if phase == "ttfb":
+        return (t["headers"] - t["sent"]) if ("headers" in t and "sent" in t) else None
+    if phase == "ttft":
+        return (t["first_token"] - t["headers"]) if ("first_token" in t and "headers" in t) else None
+    if phase == "stream":
+        return (t["end"] - t["first_token"]) if ("end" in t and "first_token" in t) else None
+    raise KeyError(phase)
+
+
+class RecordWriter:
+    """Appends one line per record with a single write(2) on an O_APPEND descriptor.
+
+    One syscall per line keeps lines whole and puts each record in the kernel at once,
+    so a run killed with SIGKILL leaves every finished request on disk.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.count = 0
+
+    def write(self, rec: Record) -> None:
+        os.write(self.fd, orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
+        self.count += 1
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+@dataclass
+class LoadedRecords:
+    records: list[Record]
+    torn_lines: int  # lines that did not parse (a run killed mid-write)
+
+
+def iter_record_dicts(path: Path) -> Iterator[dict[str, Any] | None]:
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                d = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                yield None
+                continue
+            yield d if isinstance(d, dict) else None
+
+
+def load_records(path: Path) -> LoadedRecords:
+    recs: list[Record] = []
+    torn = 0
+    for d in iter_record_dicts(path):
+        if d is None:
+            torn += 1
+            continue
+        try:
+            recs.append(Record.from_dict(d))
+        except (TypeError, KeyError):
+            torn += 1
+    return LoadedRecords(recs, torn)

@@ -1,0 +1,91 @@
+"""summary.json: the run, totals, per-round phase percentiles, the verdict, and warnings.
+
+A pure function of the run folder's contents, so `agentload report RUN_DIR` rebuilds exactly
+what `agentload run` wrote at its end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentload.diagnose import agent_outcomes, diagnose
+from agentload.report.rundir import RunData
+from agentload.stats import by_round
+
+MIN_SAMPLES_PER_ROUND = 10
+LOOP_LAG_WARN_MS = 50.0
+
+
+def run_section(data: RunData) -> dict[str, Any]:
+    m = data.meta
+    sc = m.get("scenario", {})
+    dur = None
+    if m.get("t_end_ns") and m.get("t0_ns"):
+        dur = round((m["t_end_ns"] - m["t0_ns"]) / 1e9, 3)
+    elif data.records:
+        dur = round((max(r.t.get("end", 0) for r in data.records) - m.get("t0_ns", 0)) / 1e9, 3)
+    return {
+        "id": m.get("run"),
+        "scenario": sc.get("source"),
+        "description": sc.get("description", ""),
+        "fingerprint": m.get("fingerprint"),
+        "endpoint": m.get("endpoint"),
+        "embedded_mock": m.get("embedded_mock", False),
+        "model": sc.get("target", {}).get("model"),
+        "started_unix": m.get("t0_unix"),
+        "duration_s": dur,
+        "ended_normally": bool(m.get("ended_normally")),
+        "cut_short": bool(m.get("cut_short")) or not m.get("ended", False) or data.torn_lines > 0,
+        "stop_reason": m.get("stop_reason") or (None if m.get("ended") else "the run did not end (killed?)"),
+        "client": sc.get("client", {}),
+        "stall": sc.get("stall", {}),
+        "agents": sc.get("agents", {}),
+        "workers": m.get("workers", 1),
+        "latency_from": "intended start (open loop)" if sc.get("agents", {}).get("arrival") == "open"
+        else "actual send (closed loop: each agent waits for its answer)",
+    }
+
+
+def warnings_for(data: RunData, rounds: dict) -> list[str]:
+    w = []
+    m = data.meta
+    if not m.get("ended", False):
+        w.append("run.json says the run never ended: it was killed; this report covers the records on disk")
+    elif m.get("cut_short"):
+        w.append(f"the run was cut short ({m.get('stop_reason') or 'stopped early'}): in-flight requests were recorded as cut_short")
+    if data.torn_lines:
+        w.append(f"{data.torn_lines} torn line(s) in records.jsonl were skipped (the run was killed mid-write)")
+    lag = max([s.get("loop_lag_ms", 0.0) for s in data.samples] + [m.get("max_loop_lag_ms", 0.0) or 0.0])
+    if lag >= LOOP_LAG_WARN_MS:
+        w.append(f"agentload's event loop lagged up to {lag:.0f} ms: its own timings may be late by that much")
+    thin = [r for r, st in sorted(rounds.items()) if st.completed < MIN_SAMPLES_PER_ROUND]
+    if thin:
+        shown = ", ".join(str(r) for r in thin[:8]) + (" ..." if len(thin) > 8 else "")
+        w.append(f"fewer than {MIN_SAMPLES_PER_ROUND} completed requests in round(s) {shown}: their percentiles are rough")
+    return w
+
+
+def build_summary(data: RunData) -> dict[str, Any]:
+    overall, rounds = by_round(data.records)
+    agents = agent_outcomes(data)
+    canaries = [r for r in data.records if r.kind == "canary"]
+    summary: dict[str, Any] = {
+        "run": run_section(data),
+        "verdict": diagnose(data),
+        "totals": {
+            "agents": len(agents),
+            **overall.counts(),
+            "canaries": len(canaries),
+            "canaries_ok": sum(1 for r in canaries if r.outcome == "ok"),
+            "torn_lines": data.torn_lines,
+            "rounds_completed": sum(a["rounds_completed"] for a in agents),
+        },
+        "phases": overall.phases(),
+        "rounds": [
+            {"round": rnd, **st.counts(), "phases": st.phases()}
+            for rnd, st in sorted(rounds.items())
+        ],
+        "agents": agents,
+        "warnings": warnings_for(data, rounds),
+    }
+    return summary

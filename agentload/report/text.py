@@ -1,0 +1,72 @@
+"""The terminal report: the verdict's one line first, then per-round phase tables and settings."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from agentload.records import REPORT_PHASES
+
+_PHASE_COLS = REPORT_PHASES
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if v >= 10_000:
+        return f"{v / 1000:.1f}s"
+    if v >= 100:
+        return f"{v:.0f}"
+    return f"{v:.1f}"
+
+
+def _cell(ph: dict | None) -> str:
+    if not ph:
+        return "-"
+    return f"{_ms(ph['p50_ms'])} / {_ms(ph['p99_ms'])}"
+
+
+def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> str:
+    buf = io.StringIO()
+    con = Console(file=buf, width=width, force_terminal=color, color_system="standard" if color else None,
+                  no_color=not color, highlight=False, emoji=False, soft_wrap=False)
+    v = summary.get("verdict") or {}
+    run = summary["run"]
+    tot = summary["totals"]
+    con.print(f"VERDICT [{v.get('kind', '?')}] {v.get('summary', '')}")
+    for e in v.get("evidence", []):
+        con.print(f"  - {e}")
+    con.print()
+    state = "cut short: " + (run.get("stop_reason") or "") if run.get("cut_short") else "ended normally"
+    con.print(f"run {run['id']}  scenario {run['scenario']}  endpoint {run['endpoint']}"
+              f"{' (embedded mock)' if run.get('embedded_mock') else ''}  {run.get('duration_s')} s  {state}")
+    con.print(f"agents {tot['agents']}  requests {tot['requests']}  completed {tot['completed']}  "
+              f"errors {tot['errors']}  stalled {tot['stalled']}  cut short {tot['cut_short']}  "
+              f"rounds completed {tot['rounds_completed']}  canaries {tot['canaries_ok']}/{tot['canaries']} ok")
+    c = run.get("client", {})
+    s = run.get("stall", {})
+    con.print(f"client: limit={c.get('limit')} limit_per_host={c.get('limit_per_host')} "
+              f"keepalive_timeout={c.get('keepalive_timeout')} force_close={c.get('force_close')} "
+              f"session={c.get('session')} timeouts pool={c.get('pool_timeout_s')} connect={c.get('connect_timeout_s')} "
+              f"read={c.get('read_timeout_s')} total={c.get('total_timeout_s')} s"
+              + (f" (per worker process, {run['workers']} workers)" if run.get("workers", 1) > 1 else ""))
+    con.print(f"stall: after_s={s.get('after_s')} give_up_s={s.get('give_up_s')} on_give_up={s.get('on_give_up')}"
+              f"   latency measured from {run.get('latency_from')}")
+    table = Table(title="per round: p50 / p99 ms", title_justify="left", show_edge=False, pad_edge=False)
+    for col in ("round", "req", "ok", "err", "stall"):
+        table.add_column(col, justify="right")
+    for p in _PHASE_COLS:
+        table.add_column(p, justify="right")
+    for r in summary["rounds"]:
+        table.add_row(str(r["round"]), str(r["requests"]), str(r["completed"]), str(r["errors"]),
+                      str(r["stalled"]), *(_cell(r["phases"].get(p)) for p in _PHASE_COLS))
+    if summary["rounds"]:
+        table.add_row("all", str(tot["requests"]), str(tot["completed"]), str(tot["errors"]),
+                      str(tot["stalled"]), *(_cell(summary["phases"].get(p)) for p in _PHASE_COLS))
+    con.print(table)
+    for w in summary.get("warnings", []):
+        con.print(f"warning: {w}")
+    return buf.getvalue()
