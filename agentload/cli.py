@@ -6,7 +6,6 @@ Exit status of `run`: 0 healthy, 1 a problem was found (`--fail-on never` turns 
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -24,15 +23,6 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
-def _event_loop_policy() -> None:
-    try:
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:
-        pass
-
-
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a field: section.key=value (repeatable)")]
 
 
@@ -47,9 +37,8 @@ def run(
     live: Annotated[bool, typer.Option(help="Print a live line every second")] = True,
 ) -> None:
     """Run a scenario and print its report (verdict first)."""
-    from agentload.mock.process import MockProcess
-    from agentload.report.build import write_reports
-    from agentload.runner import default_out_dir, execute
+    from agentload.launch import run_to_dir
+    from agentload.runner import default_out_dir
     from agentload.scenario import load_scenario
 
     if fail_on not in ("problem", "never"):
@@ -64,26 +53,11 @@ def run(
     except UserError as e:
         _fail(str(e))
     run_dir = out or default_out_dir(sc)
-    mock = None
     try:
-        if sc.target.endpoint is None:
-            mock = MockProcess.start(sc.mock)
-            base_url = mock.url
-        else:
-            base_url = sc.target.endpoint
-        typer.echo(f"agentload: running {sc.source} against {base_url}"
-                   f"{' (embedded mock)' if mock else ''} -> {run_dir}", err=True)
-        from agentload.live import LiveLine
-
-        _event_loop_policy()
-        outcome = asyncio.run(execute(sc, run_dir, base_url, embedded_mock=mock is not None,
-                                      on_tick=LiveLine() if live else None))
+        launched = run_to_dir(sc, run_dir, live=live)
     except UserError as e:
         _fail(str(e))
-    finally:
-        if mock is not None:
-            mock.stop()
-    summary, text = write_reports(run_dir)
+    summary, text, outcome = launched.summary, launched.text, launched.outcome
     typer.echo(text)
     typer.echo(f"records: {run_dir / 'records.jsonl'}  summary: {run_dir / 'summary.json'}", err=True)
     kind = summary["verdict"]["kind"]
@@ -122,7 +96,9 @@ def mock(
         cfg = MockConfig.from_dict(raw["mock"], scenario or "--set")
     except UserError as e:
         _fail(str(e))
-    _event_loop_policy()
+    from agentload.launch import use_uvloop
+
+    use_uvloop()
     serve(cfg, host, port)
 
 
