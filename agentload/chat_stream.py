@@ -1,0 +1,398 @@
+"""Accumulator for one OpenAI chat-completions response (streamed or not).
+
+One ``ChatStream`` per request. ``add(payload)`` takes one SSE data payload (what
+``sse.SSEDecoder`` returns) and returns a bitmask saying what the chunk carried, so
+the read loop can stamp its timestamps without looking inside the JSON itself::
+
+    flags = cs.add(payload)
+    if flags & TOKEN and t_first_token is None: t_first_token = now
+
+Flags:
+
+- ``TOKEN``: the chunk carries output. That is a non-empty ``content``,
+  ``reasoning_content`` (or vLLM's newer ``reasoning``) string, or a tool-call
+  fragment with a non-empty ``function.name`` or a non-empty ``function.arguments``
+  fragment. NOT tokens: a role-only first chunk (``{"role":"assistant","content":""}``
+  as vLLM and SGLang send), a tool-call fragment carrying only ``id``/``type``/
+  ``index`` (no generated text yet), a finish-only chunk, a usage-only chunk.
+- ``FINISH``: a non-null ``finish_reason`` (also in a chunk of its own with an empty
+  delta, as SGLang sends it).
+- ``USAGE``: a non-empty ``usage`` object (the ``choices: []`` chunk of
+  ``stream_options.include_usage``, or usage in every chunk with vLLM's continuous
+  usage stats).
+- ``DONE``: the ``[DONE]`` sentinel.
+- ``ERROR``: an in-band error: ``{"error": {...}}`` / ``{"error": "..."}``
+  (vLLM, SGLang, routers) or ``{"object": "error", "message": ...}`` (older vLLM).
+  ``.error`` keeps the first one as a short string, ``.errors`` counts them.
+- ``BAD_JSON``: the payload is not JSON, or not a JSON object. Counted in
+  ``.bad_json``; never raises.
+
+Only choice index 0 is accumulated (agents send ``n=1``; other choices are ignored).
+
+Tool calls are joined by ``index``: ``id``, ``type`` and ``function.name`` come from
+the first non-null value seen for that index (later values are ignored);
+``arguments`` fragments are concatenated as received, even if the result is not
+valid JSON. Explicit ``null``s (SGLang) are ignored. A fragment without an
+``index`` (non-conforming servers) continues the last call, unless it carries an
+``id`` different from the last call's id, which starts a new call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+__all__ = [
+    "TOKEN",
+    "FINISH",
+    "USAGE",
+    "DONE",
+    "ERROR",
+    "BAD_JSON",
+    "ChatStream",
+]
+
+TOKEN = 1
+FINISH = 2
+USAGE = 4
+DONE = 8
+ERROR = 16
+BAD_JSON = 32
+
+_ERROR_MAX = 300  # characters kept in ChatStream.error
+
+_loads = orjson.loads
+_JSONDecodeError = orjson.JSONDecodeError
+
+
+def _short(s: str) -> str:
+    s = " ".join(s.split())
+    return s if len(s) <= _ERROR_MAX else s[: _ERROR_MAX - 3] + "..."
+
+
+def _error_text(err: Any, obj: dict) -> str:
+    """A one-line summary of an error object: ``type (code): message``."""
+    if isinstance(err, dict):
+        msg = err.get("message")
+        typ = err.get("type")
+        code = err.get("code")
+    else:
+        msg = err if isinstance(err, str) and err else None
+        typ = obj.get("type") if obj.get("type") != "error" else None
+        code = obj.get("code")
+        if msg is None and obj.get("object") == "error":
+            msg = obj.get("message")
+    head = str(typ) if typ else ""
+    if code is not None:
+        head = f"{head} ({code})" if head else str(code)
+    if msg is None:
+        msg = orjson.dumps(err).decode() if err is not None and err != "" else ""
+    text = f"{head}: {msg}" if head and msg else (head or str(msg) or "error")
+    return _short(text)
+
+
+class ChatStream:
+    """Accumulates one chat-completions response; see the module docstring."""
+
+    __slots__ = (
+        "id",
+        "model",
+        "finish_reason",
+        "usage",
+        "error",
+        "errors",
+        "chunks",
+        "token_chunks",
+        "bad_json",
+        "done",
+        "_content",
+        "_reasoning",
+        "_calls",
+        "_last_index",
+    )
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.model: str | None = None
+        self.finish_reason: str | None = None
+        self.usage: dict | None = None
+        self.error: str | None = None  # first in-band error, short
+        self.errors = 0
+        self.chunks = 0  # data payloads added
+        self.token_chunks = 0  # payloads that returned TOKEN
+        self.bad_json = 0
+        self.done = False
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        # index -> [id, type, name, [argument fragments]]
+        self._calls: dict[int, list] = {}
+        self._last_index: int | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"ChatStream(chunks={self.chunks}, token_chunks={self.token_chunks}, "
+            f"content_chars={len(self.content)}, tool_calls={len(self._calls)}, "
+            f"finish_reason={self.finish_reason!r}, usage={self.usage is not None}, "
+            f"done={self.done}, errors={self.errors}, bad_json={self.bad_json})"
+        )
+
+    # ------------------------------------------------------------------ streaming
+
+    def add(self, payload: bytes) -> int:
+        """Add one SSE data payload; return a bitmask of TOKEN|FINISH|USAGE|DONE|ERROR|BAD_JSON."""
+        self.chunks += 1
+        if payload == b"[DONE]":
+            self.done = True
+            return DONE
+        try:
+            obj = _loads(payload)
+        except _JSONDecodeError:
+            if payload.strip() == b"[DONE]":
+                self.done = True
+                return DONE
+            self.bad_json += 1
+            return BAD_JSON
+        if type(obj) is not dict:
+            self.bad_json += 1
+            return BAD_JSON
+
+        flags = 0
+        choices = obj.get("choices")
+        if choices:
+            if self.id is None:
+                self.id = obj.get("id")
+                self.model = obj.get("model")
+            for ch in choices:
+                if type(ch) is not dict or ch.get("index"):
+                    continue  # only choice 0
+                delta = ch.get("delta")
+                if delta:
+                    c = delta.get("content")
+                    if c and type(c) is str:
+                        self._content.append(c)
+                        flags = TOKEN
+                    r = delta.get("reasoning_content") or delta.get("reasoning")
+                    if r and type(r) is str:
+                        self._reasoning.append(r)
+                        flags = TOKEN
+                    tc = delta.get("tool_calls")
+                    if tc and self._add_tool_calls(tc):
+                        flags = TOKEN
+                fr = ch.get("finish_reason")
+                if fr:
+                    self.finish_reason = fr
+                    flags |= FINISH
+        else:
+            if self.id is None and "id" in obj:
+                self.id = obj.get("id")
+                self.model = obj.get("model")
+            err = obj.get("error")
+            if err or obj.get("object") == "error":
+                flags |= self._set_error(_error_text(err, obj))
+        u = obj.get("usage")
+        if u:
+            self.usage = u
+            flags |= USAGE
+        if flags & TOKEN:
+            self.token_chunks += 1
+        return flags
+
+    def add_error_event(self, payload: bytes) -> int:
+        """Add the payload of an SSE ``event: error``: always reports ERROR."""
+        flags = self.add(payload)
+        if not flags & ERROR:
+            text = payload.decode("utf-8", "replace").strip() or "error event"
+            flags |= self._set_error(_short(text))
+        return flags
+
+    def _set_error(self, text: str) -> int:
+        self.errors += 1
+        if self.error is None:
+            self.error = text
+        return ERROR
+
+    def _add_tool_calls(self, frags: Any) -> bool:
+        """Merge tool-call fragments; True if any carried a name or arguments text."""
+        token = False
+        calls = self._calls
+        for f in frags:
+            if type(f) is not dict:
+                continue
+            idx = f.get("index")
+            fid = f.get("id")
+            if type(idx) is not int:
+                # Non-conforming server without index: continue the last call unless
+                # this fragment opens a new one (a different id).
+                last = self._last_index
+                if last is None or (fid and calls[last][0] is not None and calls[last][0] != fid):
+                    idx = 0 if last is None else max(calls) + 1
+                else:
+                    idx = last
+            call = calls.get(idx)
+            if call is None:
+                call = calls[idx] = [None, None, None, []]
+            self._last_index = idx
+            if fid is not None and call[0] is None:
+                call[0] = fid
+            ftype = f.get("type")
+            if ftype is not None and call[1] is None:
+                call[1] = ftype
+            fn = f.get("function")
+            if fn:
+                name = fn.get("name")
+                if name:
+                    if call[2] is None:
+                        call[2] = name
+                    token = True
+                args = fn.get("arguments")
+                if args:
+                    if type(args) is not str:  # non-conforming: an object, not a string
+                        args = orjson.dumps(args).decode()
+                    call[3].append(args)
+                    token = True
+        return token
+
+    # ------------------------------------------------------------------ non-streaming
+
+    @classmethod
+    def from_response(cls, body: bytes) -> "ChatStream":
+        """Build from a non-streaming body: a ``chat.completion`` object or an error object.
+
+        ``chunks`` is 1, ``token_chunks`` is 1 if the message had content, reasoning or
+        a tool call; a body that is not a JSON object counts in ``bad_json``.
+        """
+        self = cls()
+        self.chunks = 1
+        try:
+            obj = _loads(body)
+        except _JSONDecodeError:
+            self.bad_json = 1
+            return self
+        if type(obj) is not dict:
+            self.bad_json = 1
+            return self
+        self.id = obj.get("id")
+        self.model = obj.get("model")
+        token = False
+        choices = obj.get("choices")
+        if choices:
+            for ch in choices:
+                if type(ch) is not dict or ch.get("index"):
+                    continue
+                msg = ch.get("message") or ch.get("delta") or {}
+                c = msg.get("content")
+                if c and type(c) is str:
+                    self._content.append(c)
+                    token = True
+                r = msg.get("reasoning_content") or msg.get("reasoning")
+                if r and type(r) is str:
+                    self._reasoning.append(r)
+                    token = True
+                tcs = msg.get("tool_calls")
+                if tcs:
+                    frags = []
+                    for i, tc in enumerate(tcs):
+                        if type(tc) is dict:
+                            tc = dict(tc)
+                            tc.setdefault("index", i)
+                            if tc["index"] is None:
+                                tc["index"] = i
+                            frags.append(tc)
+                    if self._add_tool_calls(frags):
+                        token = True
+                fr = ch.get("finish_reason")
+                if fr:
+                    self.finish_reason = fr
+                break
+        else:
+            err = obj.get("error")
+            if err or obj.get("object") == "error":
+                self._set_error(_error_text(err, obj))
+        u = obj.get("usage")
+        if u:
+            self.usage = u
+        if token:
+            self.token_chunks = 1
+        return self
+
+    # ------------------------------------------------------------------ results
+
+    @property
+    def content(self) -> str:
+        parts = self._content
+        if len(parts) > 1:
+            parts[:] = ["".join(parts)]
+        return parts[0] if parts else ""
+
+    @property
+    def reasoning(self) -> str:
+        parts = self._reasoning
+        if len(parts) > 1:
+            parts[:] = ["".join(parts)]
+        return parts[0] if parts else ""
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        """Joined tool calls in index order: ``{"id","type","function":{"name","arguments"}}``.
+
+        ``type`` defaults to ``"function"`` if the server never sent one; ``id`` and
+        ``name`` are None if never sent (the caller decides what to do about that).
+        An index that only ever received nulls/empty strings is not a call and is skipped.
+        """
+        out = []
+        for idx in sorted(self._calls):
+            cid, ctype, name, args = self._calls[idx]
+            if cid is None and name is None and not args:
+                continue  # an empty fragment (only index/type/nulls) is not a call
+            if len(args) > 1:
+                args[:] = ["".join(args)]
+            out.append(
+                {
+                    "id": cid,
+                    "type": ctype or "function",
+                    "function": {"name": name, "arguments": args[0] if args else ""},
+                }
+            )
+        return out
+
+    def assistant_message(self) -> dict:
+        """The assistant message a real agent appends to its history.
+
+        ``content`` is None when empty; ``tool_calls`` is omitted when there are none;
+        ids and arguments exactly as received. Reasoning is not sent back.
+        """
+        msg: dict = {"role": "assistant", "content": self.content or None}
+        calls = self.tool_calls if self._calls else None
+        if calls:
+            for c in calls:
+                c["type"] = "function"
+            msg["tool_calls"] = calls
+        return msg
+
+    def tool_calls_valid_json(self) -> list[bool]:
+        """For each tool call (index order): do its joined arguments parse as JSON?"""
+        out = []
+        for c in self.tool_calls:
+            try:
+                _loads(c["function"]["arguments"])
+                out.append(True)
+            except _JSONDecodeError:
+                out.append(False)
+        return out
+
+    @property
+    def output_tokens(self) -> int | None:
+        """``usage.completion_tokens`` if the server reported usage, else None."""
+        u = self.usage
+        if u and type(u) is dict:
+            return u.get("completion_tokens")
+        return None
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """``usage.prompt_tokens`` if the server reported usage, else None."""
+        u = self.usage
+        if u and type(u) is dict:
+            return u.get("prompt_tokens")
+        return None

@@ -1,0 +1,428 @@
+"""ChatStream: server quirks (vLLM, SGLang, routers) and a property test that randomly
+fragmented tool calls reassemble exactly."""
+
+from __future__ import annotations
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentload.chat_stream import BAD_JSON, DONE, ERROR, FINISH, TOKEN, USAGE, ChatStream
+from agentload.sse import DATA, ERROR_EVENT, SSEDecoder, encode_comment, encode_event
+
+
+def chunk(delta=None, finish=None, *, choices=None, **extra) -> bytes:
+    obj = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": choices
+        if choices is not None
+        else [{"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish}],
+    }
+    obj.update(extra)
+    return orjson.dumps(obj)
+
+
+def usage_chunk(prompt=10, completion=3) -> bytes:
+    return chunk(
+        choices=[],
+        usage={"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+    )
+
+
+def tc(index, id=None, name=None, arguments=None, type=None, nulls=False) -> dict:
+    """A tool-call fragment; nulls=True writes absent fields as explicit nulls (SGLang)."""
+    f: dict = {"index": index}
+    fn: dict = {}
+    for k, v, d in (("id", id, f), ("type", type, f), ("name", name, fn), ("arguments", arguments, fn)):
+        if v is not None or nulls:
+            d[k] = v
+    if fn or nulls:
+        f["function"] = fn
+    return f
+
+
+# ----------------------------------------------------------------------------- content
+
+
+def test_vllm_role_first_chunk_is_not_a_token():
+    cs = ChatStream()
+    assert cs.add(chunk({"role": "assistant", "content": ""})) == 0
+    assert cs.add(chunk({"content": "Hel"})) == TOKEN
+    assert cs.add(chunk({"content": "lo"})) == TOKEN
+    assert cs.add(chunk({}, "stop")) == FINISH
+    assert cs.add(usage_chunk()) == USAGE
+    assert cs.add(b"[DONE]") == DONE
+    assert cs.content == "Hello"
+    assert cs.finish_reason == "stop"
+    assert cs.output_tokens == 3 and cs.prompt_tokens == 10
+    assert cs.chunks == 6 and cs.token_chunks == 2
+    assert cs.done and cs.id == "chatcmpl-1" and cs.model == "m"
+    assert cs.assistant_message() == {"role": "assistant", "content": "Hello"}
+
+
+def test_role_chunk_with_null_content_and_empty_delta():
+    cs = ChatStream()
+    assert cs.add(chunk({"role": "assistant", "content": None})) == 0
+    assert cs.add(chunk({"content": None, "reasoning_content": None, "tool_calls": None})) == 0
+    assert cs.add(chunk({"content": ""})) == 0
+    assert cs.token_chunks == 0
+    assert cs.assistant_message() == {"role": "assistant", "content": None}
+
+
+def test_reasoning_is_a_token_and_kept_apart():
+    cs = ChatStream()
+    assert cs.add(chunk({"reasoning_content": "think"})) == TOKEN
+    assert cs.add(chunk({"reasoning": "ing"})) == TOKEN  # newer vLLM field name
+    assert cs.add(chunk({"content": "ok"}, "stop")) == TOKEN | FINISH
+    assert cs.reasoning == "thinking" and cs.content == "ok"
+    assert cs.assistant_message() == {"role": "assistant", "content": "ok"}
+
+
+def test_sglang_finish_reason_in_own_chunk_then_usage():
+    cs = ChatStream()
+    cs.add(chunk({"role": "assistant", "content": ""}, usage=None))
+    assert cs.add(chunk({"content": "x"}, usage=None)) == TOKEN
+    assert cs.add(chunk({"content": None}, "length", usage=None)) == FINISH
+    assert cs.add(usage_chunk(5, 1)) == USAGE
+    assert cs.finish_reason == "length" and cs.usage["completion_tokens"] == 1
+
+
+def test_missing_usage_when_stream_breaks():
+    cs = ChatStream()
+    cs.add(chunk({"content": "partial"}))
+    assert cs.usage is None and cs.output_tokens is None and cs.prompt_tokens is None
+    assert cs.finish_reason is None and not cs.done
+    assert cs.assistant_message() == {"role": "assistant", "content": "partial"}
+
+
+def test_usage_in_every_chunk_continuous_stats():
+    cs = ChatStream()
+    u = {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
+    assert cs.add(chunk({"content": "a"}, usage=u)) == TOKEN | USAGE
+    assert cs.output_tokens == 1
+
+
+def test_only_choice_zero_is_accumulated():
+    cs = ChatStream()
+    flags = cs.add(
+        chunk(
+            choices=[
+                {"index": 1, "delta": {"content": "other"}, "finish_reason": None},
+                {"index": 0, "delta": {"content": "mine"}, "finish_reason": None},
+            ]
+        )
+    )
+    assert flags == TOKEN and cs.content == "mine"
+
+
+def test_content_join_is_lazy_and_stable():
+    cs = ChatStream()
+    for p in ["a", "b", "c"]:
+        cs.add(chunk({"content": p}))
+    assert cs.content == "abc"
+    cs.add(chunk({"content": "d"}))
+    assert cs.content == "abcd" and cs.content == "abcd"
+
+
+# ----------------------------------------------------------------------------- tool calls
+
+
+def test_first_name_fragment_is_the_first_token_id_only_is_not():
+    cs = ChatStream()
+    assert cs.add(chunk({"role": "assistant", "content": ""})) == 0
+    assert cs.add(chunk({"tool_calls": [tc(0, id="call_1", type="function")]})) == 0
+    assert cs.add(chunk({"tool_calls": [tc(0, name="get_weather")]})) == TOKEN
+    assert cs.add(chunk({"tool_calls": [tc(0, arguments="")]})) == 0
+    assert cs.add(chunk({"tool_calls": [tc(0, arguments='{"city": ')]})) == TOKEN
+    assert cs.add(chunk({"tool_calls": [tc(0, arguments='"Paris"}')]})) == TOKEN
+    assert cs.add(chunk({}, "tool_calls")) == FINISH
+    assert cs.assistant_message() == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        ],
+    }
+    assert cs.tool_calls_valid_json() == [True]
+    assert cs.token_chunks == 3
+
+
+def test_sglang_explicit_nulls_in_fragments():
+    cs = ChatStream()
+    cs.add(chunk({"role": "assistant", "content": None, "reasoning_content": None, "tool_calls": None}))
+    first = tc(0, id="call_a", name="search", arguments="", type="function", nulls=True)
+    assert cs.add(chunk({"content": None, "tool_calls": [first]})) == TOKEN
+    for piece in ['{"q"', ': "x"', "}"]:
+        frag = tc(0, arguments=piece, nulls=True)  # "id": null, "type": null, "name": null
+        assert cs.add(chunk({"content": None, "tool_calls": [frag]})) == TOKEN
+    assert cs.add(chunk({"content": None, "tool_calls": [tc(0, nulls=True)]})) == 0  # all-null fragment
+    assert cs.add(chunk({"content": None}, "tool_calls")) == FINISH
+    (call,) = cs.tool_calls
+    assert call == {"id": "call_a", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}
+    assert "None" not in call["function"]["arguments"]
+
+
+def test_two_calls_interleaved_by_index():
+    cs = ChatStream()
+    frags = [
+        tc(0, id="c0", type="function", name="a", arguments=""),
+        tc(1, id="c1", type="function", name="b", arguments='{"y'),
+        tc(0, arguments='{"x":'),
+        tc(1, arguments='":2}'),
+        tc(0, arguments="1}"),
+    ]
+    for f in frags:
+        cs.add(chunk({"tool_calls": [f]}))
+    # Both calls in one chunk too.
+    cs.add(chunk({"tool_calls": [tc(1, arguments=""), tc(0, arguments="")]}))
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in cs.tool_calls] == [
+        ("c0", "a", '{"x":1}'),
+        ("c1", "b", '{"y":2}'),
+    ]
+
+
+def test_first_non_null_wins_and_invalid_arguments_kept_verbatim():
+    cs = ChatStream()
+    cs.add(chunk({"tool_calls": [tc(0, id="first", name="f")]}))
+    cs.add(chunk({"tool_calls": [tc(0, id="second", name="g", arguments='{"a": ')]}))
+    msg = cs.assistant_message()
+    assert msg["tool_calls"][0]["id"] == "first"
+    assert msg["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a": '}
+    assert cs.tool_calls_valid_json() == [False]
+
+
+def test_tool_calls_and_content_together():
+    cs = ChatStream()
+    cs.add(chunk({"content": "Let me check. "}))
+    cs.add(chunk({"tool_calls": [tc(0, id="i", type="function", name="n", arguments="{}")]}))
+    msg = cs.assistant_message()
+    assert msg["content"] == "Let me check. " and len(msg["tool_calls"]) == 1
+
+
+def test_fragments_without_index():
+    cs = ChatStream()
+    cs.add(chunk({"tool_calls": [{"id": "a", "function": {"name": "f", "arguments": "{"}}]}))
+    cs.add(chunk({"tool_calls": [{"function": {"arguments": "}"}}]}))
+    cs.add(chunk({"tool_calls": [{"id": "b", "function": {"name": "g", "arguments": "[]"}}]}))
+    assert [(c["id"], c["function"]["arguments"]) for c in cs.tool_calls] == [("a", "{}"), ("b", "[]")]
+
+
+# ----------------------------------------------------------------------------- errors, DONE, bad JSON
+
+
+def test_in_band_error_vllm_new_format():
+    cs = ChatStream()
+    cs.add(chunk({"content": "a"}))
+    err = {"error": {"message": "KV cache\nexhausted", "type": "InternalServerError", "param": None, "code": 500}}
+    assert cs.add(orjson.dumps(err)) == ERROR
+    assert cs.error == "InternalServerError (500): KV cache exhausted"
+    assert cs.errors == 1
+
+
+def test_in_band_error_object_error_format():
+    cs = ChatStream()
+    body = {"object": "error", "message": "too long", "type": "BadRequestError", "param": None, "code": 400}
+    assert cs.add(orjson.dumps(body)) == ERROR
+    assert cs.error == "BadRequestError (400): too long"
+
+
+def test_in_band_error_string_and_first_error_kept():
+    cs = ChatStream()
+    assert cs.add(b'{"error": "upstream closed"}') == ERROR
+    assert cs.add(b'{"error": {"message": "second"}}') == ERROR
+    assert cs.error == "upstream closed" and cs.errors == 2
+
+
+def test_error_message_is_short():
+    cs = ChatStream()
+    cs.add(orjson.dumps({"error": {"message": "x" * 10_000}}))
+    assert len(cs.error) <= 300
+
+
+def test_error_event_from_sse_always_reports_error():
+    cs = ChatStream()
+    assert cs.add_error_event(b"backend gone") & ERROR  # not JSON
+    assert cs.error == "backend gone"
+    cs = ChatStream()
+    assert cs.add_error_event(b'{"error": {"message": "m", "code": 503}}') == ERROR
+    assert cs.error == "503: m" and cs.errors == 1
+
+
+def test_done_and_bad_json_never_raise():
+    cs = ChatStream()
+    assert cs.add(b"[DONE]") == DONE
+    assert cs.add(b" [DONE] ") == DONE
+    assert cs.add(b"{not json") == BAD_JSON
+    assert cs.add(b"") == BAD_JSON
+    assert cs.add(b"[1, 2]") == BAD_JSON  # JSON but not an object
+    assert cs.add(b"\xff\xfe") == BAD_JSON
+    assert cs.bad_json == 4 and cs.chunks == 6 and cs.done
+
+
+# ----------------------------------------------------------------------------- non-streaming
+
+
+def test_from_response_tool_calls():
+    body = orjson.dumps(
+        {
+            "id": "chatcmpl-9",
+            "object": "chat.completion",
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": None,
+                        "reasoning_content": "hmm",
+                        "tool_calls": [
+                            {"id": "c1", "type": "function", "function": {"name": "a", "arguments": '{"k": 1}'}},
+                            {"id": "c2", "type": "function", "function": {"name": "b", "arguments": "{bad"}},
+                        ],
+                    },
+                    "finish_reason": "tool_calls",
+                }
+            ],
+            "usage": {"prompt_tokens": 20, "completion_tokens": 7, "total_tokens": 27},
+        }
+    )
+    cs = ChatStream.from_response(body)
+    assert cs.id == "chatcmpl-9" and cs.finish_reason == "tool_calls"
+    assert cs.output_tokens == 7 and cs.reasoning == "hmm"
+    assert cs.chunks == 1 and cs.token_chunks == 1
+    assert cs.assistant_message() == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "a", "arguments": '{"k": 1}'}},
+            {"id": "c2", "type": "function", "function": {"name": "b", "arguments": "{bad"}},
+        ],
+    }
+    assert cs.tool_calls_valid_json() == [True, False]
+
+
+def test_from_response_content_error_and_garbage():
+    cs = ChatStream.from_response(
+        b'{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},'
+        b'"finish_reason":"stop"}]}'
+    )
+    assert cs.content == "hi" and cs.finish_reason == "stop" and cs.usage is None
+    assert cs.assistant_message() == {"role": "assistant", "content": "hi"}
+    cs = ChatStream.from_response(b'{"error": {"message": "no such model", "type": "NotFoundError", "code": 404}}')
+    assert cs.error == "NotFoundError (404): no such model"
+    cs = ChatStream.from_response(b"<html>502 Bad Gateway</html>")
+    assert cs.bad_json == 1 and cs.error is None
+
+
+# ----------------------------------------------------------------------------- properties
+
+ids = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12)
+names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,15}", fullmatch=True)
+args_text = st.text(max_size=60) | st.builds(
+    lambda d: orjson.dumps(d).decode(),
+    st.dictionaries(st.text(max_size=5), st.integers(-(2**53), 2**53) | st.text(max_size=8), max_size=4),
+)
+
+
+@st.composite
+def fragmented_calls(draw):
+    """Random tool calls, each cut into fragments at random points, interleaved by index,
+    with the id and name on random fragments and optional explicit nulls elsewhere."""
+    n = draw(st.integers(min_value=1, max_value=4))
+    calls = [(draw(ids), draw(names), draw(args_text)) for _ in range(n)]
+    per_call = []
+    for index, (cid, name, args) in enumerate(calls):
+        cut = sorted(draw(st.lists(st.integers(0, len(args)), max_size=6)))
+        pieces = [args[a:b] for a, b in zip([0, *cut], [*cut, len(args)])]
+        k = len(pieces)
+        id_at = draw(st.integers(0, k - 1))
+        name_at = draw(st.integers(0, k - 1))
+        repeat = draw(st.booleans())  # some servers repeat id/name on later fragments
+        frags = []
+        for i, piece in enumerate(pieces):
+            nulls = draw(st.booleans())
+            frags.append(
+                tc(
+                    index,
+                    id=cid if i == id_at or (repeat and i > id_at) else None,
+                    type="function" if i == id_at else None,
+                    name=name if i == name_at or (repeat and i > name_at) else None,
+                    arguments=piece if piece or draw(st.booleans()) else None,
+                    nulls=nulls,
+                )
+            )
+        per_call.append(frags)
+    # Interleave, keeping each call's fragment order.
+    order = []
+    queues = [list(f) for f in per_call]
+    while any(queues):
+        live = [i for i, q in enumerate(queues) if q]
+        order.append(queues[draw(st.sampled_from(live))].pop(0))
+    # Group consecutive fragments into chunks (several fragments may share a chunk).
+    chunks, i = [], 0
+    while i < len(order):
+        size = draw(st.integers(1, 3))
+        chunks.append(order[i : i + size])
+        i += size
+    return calls, chunks
+
+
+def expected_calls(calls):
+    return [{"id": c, "type": "function", "function": {"name": n, "arguments": a}} for c, n, a in calls]
+
+
+@settings(max_examples=300)
+@given(data=fragmented_calls())
+def test_random_fragmented_tool_calls_reassemble(data):
+    calls, chunks = data
+    cs = ChatStream()
+    cs.add(chunk({"role": "assistant", "content": ""}))
+    for frags in chunks:
+        flags = cs.add(chunk({"content": None, "tool_calls": frags}))
+        carries = any(f.get("function", {}).get("name") or f.get("function", {}).get("arguments") for f in frags)
+        assert bool(flags & TOKEN) == bool(carries)
+    cs.add(chunk({}, "tool_calls"))
+    msg = cs.assistant_message()
+    assert msg["tool_calls"] == expected_calls(calls)
+    assert msg["content"] is None
+    assert cs.finish_reason == "tool_calls"
+
+
+@settings(max_examples=200)
+@given(
+    data=fragmented_calls(),
+    content=st.lists(st.text(min_size=1, max_size=5), max_size=5),
+    cut=st.lists(st.integers(0, 5000), max_size=10),
+    eol=st.sampled_from([b"\n", b"\r\n", b"\r"]),
+    pings=st.booleans(),
+)
+def test_pipeline_sse_to_chat_stream(data, content, cut, eol, pings):
+    """Bytes on the wire -> SSEDecoder (random read boundaries) -> ChatStream."""
+    calls, chunks = data
+    payloads = [chunk({"role": "assistant", "content": ""})]
+    payloads += [chunk({"content": c}) for c in content]
+    payloads += [chunk({"tool_calls": frags}) for frags in chunks]
+    payloads += [chunk({}, "tool_calls"), usage_chunk(), b"[DONE]"]
+    wire = b"".join(
+        (encode_comment(b"ping", eol=eol) if pings else b"") + encode_event(p, eol=eol) for p in payloads
+    )
+    points = sorted(min(c, len(wire)) for c in cut)
+    reads = [wire[a:b] for a, b in zip([0, *points], [*points, len(wire)])]
+    dec, cs = SSEDecoder(), ChatStream()
+    seen = 0
+    for r in reads:
+        for kind, payload in dec.feed(r):
+            if kind == DATA:
+                cs.add(payload)
+            elif kind == ERROR_EVENT:
+                cs.add_error_event(payload)
+            seen += 1
+    assert dec.flush() == []
+    assert cs.chunks == len(payloads) and cs.done and cs.bad_json == 0
+    assert seen == len(payloads) * (2 if pings else 1)
+    assert cs.content == "".join(content)
+    assert cs.assistant_message()["tool_calls"] == expected_calls(calls)
+    assert cs.output_tokens == 3
