@@ -36,25 +36,28 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
     v = summary.get("verdict") or {}
     run = summary["run"]
     tot = summary["totals"]
-    con.print(f"VERDICT [{v.get('kind', '?')}] {v.get('summary', '')}")
+    # The verdict and its evidence are never wrapped: one line each, greppable.
+    con.print(f"VERDICT [{v.get('kind', '?')}] {v.get('summary', '')}", soft_wrap=True, markup=False)
     for e in v.get("evidence", []):
-        con.print(f"  - {e}")
+        con.print(f"  - {e}", soft_wrap=True, markup=False)
     con.print()
     state = "cut short: " + (run.get("stop_reason") or "") if run.get("cut_short") else "ended normally"
-    con.print(f"run {run['id']}  scenario {run['scenario']}  endpoint {run['endpoint']}"
-              f"{' (embedded mock)' if run.get('embedded_mock') else ''}  {run.get('duration_s')} s  {state}")
+    con.print(f"run {run['id']}  scenario {run['scenario']}  {run.get('duration_s')} s  {state}", markup=False)
+    con.print(f"target {run['endpoint']}{' (embedded mock)' if run.get('embedded_mock') else ''}  "
+              f"model {run.get('model')}", markup=False)
     con.print(f"agents {tot['agents']}  requests {tot['requests']}  completed {tot['completed']}  "
               f"errors {tot['errors']}  stalled {tot['stalled']}  cut short {tot['cut_short']}  "
               f"rounds completed {tot['rounds_completed']}  canaries {tot['canaries_ok']}/{tot['canaries']} ok")
     c = run.get("client", {})
     s = run.get("stall", {})
-    con.print(f"client: limit={c.get('limit')} limit_per_host={c.get('limit_per_host')} "
+    con.print(f"client pool: limit={c.get('limit')} limit_per_host={c.get('limit_per_host')} "
               f"keepalive_timeout={c.get('keepalive_timeout')} force_close={c.get('force_close')} "
-              f"session={c.get('session')} timeouts pool={c.get('pool_timeout_s')} connect={c.get('connect_timeout_s')} "
-              f"read={c.get('read_timeout_s')} total={c.get('total_timeout_s')} s"
+              f"session={c.get('session')}"
               + (f" (per worker process, {run['workers']} workers)" if run.get("workers", 1) > 1 else ""))
-    con.print(f"stall: after_s={s.get('after_s')} give_up_s={s.get('give_up_s')} on_give_up={s.get('on_give_up')}"
-              f"   latency measured from {run.get('latency_from')}")
+    con.print(f"timeouts (s): pool={c.get('pool_timeout_s')} connect={c.get('connect_timeout_s')} "
+              f"read={c.get('read_timeout_s')} total={c.get('total_timeout_s')}  "
+              f"stall after={s.get('after_s')} give_up={s.get('give_up_s')} on_give_up={s.get('on_give_up')}")
+    con.print(f"latency measured from {run.get('latency_from')}")
     table = Table(title="per round: p50 / p99 ms", title_justify="left", show_edge=False, pad_edge=False)
     for col in ("round", "req", "ok", "err", "stall"):
         table.add_column(col, justify="right")
@@ -68,5 +71,5 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
                       str(tot["stalled"]), *(_cell(summary["phases"].get(p)) for p in _PHASE_COLS))
     con.print(table)
     for w in summary.get("warnings", []):
-        con.print(f"warning: {w}")
+        con.print(f"warning: {w}", soft_wrap=True, markup=False)
     return buf.getvalue()

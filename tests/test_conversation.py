@@ -1,0 +1,56 @@
+"""The request body is built from cached message bytes; it must equal a full serialisation."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentload.conversation import Conversation
+from agentload.scenario import ConversationConfig, const
+from agentload.tokens import prompt_tokens, synthetic_text, text_tokens
+
+text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=50)
+tool_msg = st.builds(lambda c, i: {"role": "tool", "tool_call_id": i, "content": c}, text, text)
+asst_msg = st.builds(
+    lambda c, calls: {"role": "assistant", "content": c or None,
+                      **({"tool_calls": [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+                                         for i, n, a in calls]} if calls else {})},
+    text, st.lists(st.tuples(text, text, text), max_size=3))
+
+
+@given(msgs=st.lists(st.one_of(tool_msg, asst_msg), max_size=8), tools=st.integers(0, 3),
+       stream=st.booleans(), seed=st.integers(0, 1000))
+@settings(max_examples=60, deadline=None)
+def test_body_equals_full_serialisation_and_tokens_match(msgs, tools, stream, seed):
+    cfg = ConversationConfig(tools=tools, stream=stream, system_tokens=const(5), user_tokens=const(3))
+    conv = Conversation(cfg, "m", random.Random(seed), 0)
+    for m in msgs:
+        conv.append(m)
+    body = orjson.loads(conv.body())
+    assert body["messages"] == conv.messages
+    assert body["model"] == "m" and body["stream"] == stream
+    assert ("tools" in body) == (tools > 0)
+    # The mock counts with the same function over the request it receives.
+    assert conv.tokens == prompt_tokens(body["messages"], body.get("tools"))
+
+
+@given(n=st.integers(0, 3000), seed=st.integers(0, 10**6))
+@settings(max_examples=60, deadline=None)
+def test_synthetic_text_has_exactly_n_tokens(n, seed):
+    assert text_tokens(synthetic_text(random.Random(seed), n)) == n
+
+
+def test_same_seed_same_bytes():
+    cfg = ConversationConfig()
+    a = Conversation(cfg, "m", random.Random(5), 3)
+    b = Conversation(cfg, "m", random.Random(5), 3)
+    for r in (1, 2):
+        for c in (a, b):
+            asst = c.scripted_assistant(r)
+            c.append(asst)
+            for m in c.tool_results(asst):
+                c.append(m)
+    assert a.body() == b.body()
