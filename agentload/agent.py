@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 _now = time.perf_counter_ns
 
-MAX_ERROR_RETRIES = 3
 RETRY_AFTER_CAP_S = 5.0
 
 
@@ -124,7 +123,7 @@ async def run_agent(ctx: "RunContext", agent: int, intended_start: int | None = 
                     return st
                 if rec.outcome == "stalled":
                     policy = sc.stall.on_give_up
-                    if policy == "retry":
+                    if policy == "retry" and call < sc.stall.max_retries:
                         call += 1
                         continue
                     if policy == "next_round":
@@ -133,7 +132,7 @@ async def run_agent(ctx: "RunContext", agent: int, intended_start: int | None = 
                     st.state = "stalled"
                     return st
                 errors += 1
-                if errors > MAX_ERROR_RETRIES:
+                if errors > sc.agents.error_retries:
                     st.state = "error"
                     return st
                 call += 1

@@ -94,6 +94,7 @@ class AgentsConfig:
     arrival: Literal["closed", "open"] = "closed"
     rate_per_s: float = 1.0  # open loop: new conversations per second
     rate_dist: Literal["constant", "poisson"] = "poisson"
+    error_retries: int = 3  # an HTTP or connection error is retried this often (Retry-After honoured), then the agent stops
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ class StallConfig:
     after_s: float = 10.0  # no progress (tokens, not bytes) in a phase for this long: stalled
     give_up_s: float = 60.0  # then abort the request and record it as stalled
     on_give_up: Literal["stop_agent", "retry", "next_round"] = "stop_agent"
+    max_retries: int = 2  # on_give_up = "retry": tries of one round after the first; then stop the agent
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,41 @@
+"""`python -m agentload.mock --host H --port P [--config-json JSON] [--set key=value ...]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import orjson
+
+from agentload.errors import UserError
+from agentload.mock.config import MockConfig
+from agentload.mock.serve import parse_set_overrides, serve
+
+__all__ = ["main", "parse_set_overrides", "serve"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m agentload.mock", description="agentload's mock OpenAI server")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    ap.add_argument("--config-json", default="{}", help="MockConfig.to_dict() as JSON")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--watch-stdin", action="store_true", help="exit when stdin reaches EOF (parent died)")
+    args = ap.parse_args(argv)
+    try:
+        try:
+            base = orjson.loads(args.config_json)
+        except orjson.JSONDecodeError as exc:
+            raise UserError(f"--config-json: not valid JSON: {exc}") from None
+        if not isinstance(base, dict):
+            raise UserError("--config-json: expected a JSON object")
+        cfg = MockConfig.from_dict(parse_set_overrides(args.overrides, base), "--config-json/--set")
+    except UserError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    serve(cfg, args.host, args.port, ready_line=True, watch_stdin=args.watch_stdin)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Run the mock in the foreground until SIGTERM/SIGINT (the `agentload mock` command and the
+subprocess started by MockProcess), and parse `--set key=value` overrides."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import signal
+import sys
+import tomllib
+from typing import Any, Iterable, Mapping
+
+from agentload.errors import ScenarioError
+from agentload.mock.config import MockConfig
+
+READY_PREFIX = "AGENTLOAD_MOCK_LISTENING"
+
+
+def parse_set_overrides(items: Iterable[str], base: Mapping[str, Any] | None = None,
+                        source: str = "--set") -> dict[str, Any]:
+    """Apply `key=value` items onto a copy of `base` (a `[mock]` dict) and return it.
+
+    Values are TOML scalars or inline tables (`5`, `0.5`, `"x"`, `true`, `{after_tokens = 5, for_s = 2}`);
+    anything TOML cannot parse is kept as a bare string. Keys may carry a `mock.` prefix and may
+    be dotted to reach into a table: `stall_mid_stream.after_tokens=5`.
+    """
+    out: dict[str, Any] = copy.deepcopy(dict(base or {}))
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ScenarioError(source, item, "expected key=value")
+        if key.startswith("mock."):
+            key = key[len("mock."):]
+        parts = key.split(".")
+        if not all(parts):
+            raise ScenarioError(source, item, "expected key=value with a non-empty dotted key")
+        target = out
+        for part in parts[:-1]:
+            nxt = target.get(part)
+            if not isinstance(nxt, dict):
+                nxt = target[part] = {}
+            target = nxt
+        target[parts[-1]] = _toml_value(raw.strip())
+    return out
+
+
+def _toml_value(raw: str) -> Any:
+    try:
+        parsed = tomllib.loads(f"v = {raw}")
+    except tomllib.TOMLDecodeError:
+        return raw
+    # "1\nx = 2" would parse into two keys: that is not a single value
+    return parsed["v"] if len(parsed) == 1 else raw
+
+
+def serve(cfg: MockConfig, host: str = "127.0.0.1", port: int = 8000, ready_line: bool = True,
+          *, watch_stdin: bool = False) -> None:
+    """Serve until SIGTERM or SIGINT (or, with watch_stdin, until stdin reaches EOF, i.e. the
+    parent process is gone). Prints `AGENTLOAD_MOCK_LISTENING port=<n>` once it accepts connections."""
+    coro = _serve(cfg, host, port, ready_line, watch_stdin)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)
+    else:
+        uvloop.run(coro)
+
+
+class _EOFWatch(asyncio.Protocol):
+    def __init__(self, stop: asyncio.Event):
+        self.stop = stop
+
+    def eof_received(self) -> None:
+        self.stop.set()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.stop.set()
+
+
+async def _serve(cfg: MockConfig, host: str, port: int, ready_line: bool, watch_stdin: bool) -> None:
+    from agentload.mock.server import start_server  # aiohttp import only when serving
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner, bound = await start_server(cfg, host, port)
+    try:
+        if watch_stdin:
+            await loop.connect_read_pipe(lambda: _EOFWatch(stop), sys.stdin)
+        if ready_line:
+            print(f"{READY_PREFIX} port={bound}", flush=True)
+        await stop.wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,92 @@
+"""One run per fault class against the real mock over HTTP: the verdict names kind, phase, round."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import orjson
+import pytest
+
+from helpers import REPO, cli, run_scenario
+
+CASES = [
+    # scenario, kind, phase, first_round
+    ("healthy", "healthy", None, None),
+    ("long-context-hang", "server_stall", "ttfb", 4),
+    ("stall-after-headers", "server_stall", "ttft", 3),
+    ("mid-stream-stall", "server_stall", "stream", 3),
+    ("pool-starvation", "client_pool", "pool_wait", 1),
+    ("server-errors", "server_errors", "ttfb", 3),
+    ("disconnects", "disconnects", "stream", None),
+]
+
+
+@pytest.mark.parametrize("name,kind,phase,first_round", CASES, ids=[c[0] for c in CASES])
+def test_verdict_per_fault_class(tmp_path, name, kind, phase, first_round):
+    res = run_scenario(name, tmp_path)
+    v = res.summary["verdict"]
+    assert v["kind"] == kind, v
+    assert v["phase"] == phase, v
+    if first_round is not None:
+        assert v["first_round"] == first_round, v
+    assert v["summary"] and "\n" not in v["summary"]
+    if kind != "healthy":
+        assert v["agents_affected"] > 0 and v["evidence"]
+    if kind == "server_stall":
+        # every agent that stalled is reported with its round and phase
+        stalled = [a for a in res.summary["agents"] if a["outcome"] == "stalled"]
+        assert stalled and all(a["stalled_round"] == first_round and a["stalled_phase"] == phase for a in stalled)
+        # the pool is never blamed: it had free slots; canaries got through
+        assert any("canaries" in e and "succeeded" in e for e in v["evidence"]), v["evidence"]
+        assert any("none below" in e for e in v["evidence"]), v["evidence"]
+    if name == "mid-stream-stall":
+        assert any("ping" in e for e in v["evidence"])
+
+
+def test_stall_is_recorded_even_when_the_request_finishes_later(tmp_path):
+    # The stream pauses 3 s (> stall.after_s = 1) but < give_up_s: the request completes, flagged stalled.
+    res = run_scenario("mid-stream-stall", tmp_path, ["mock.stall_mid_stream={ after_tokens = 2, for_s = 3, above_tokens = 3000 }",
+                                                     "stall.after_s=1", "stall.give_up_s=20", "agents.rounds=3"])
+    from agentload.records import load_records
+
+    recs = load_records(tmp_path / "records.jsonl").records
+    late = [r for r in recs if r.kind == "agent" and r.stalled_phase == "stream" and r.outcome == "ok"]
+    assert late, "a 3 s gap in the stream should be recorded as a stall even though it finished"
+    assert all(r.max_gap_ns >= 2.5e9 for r in late)
+    assert res.summary["verdict"]["kind"] == "server_stall"
+
+
+@pytest.mark.parametrize("policy,expect_calls", [("retry", True), ("next_round", False)])
+def test_on_give_up_policies(tmp_path, policy, expect_calls):
+    res = run_scenario("long-context-hang", tmp_path, [f'stall.on_give_up="{policy}"', "agents.count=3",
+                                                       "agents.rounds=5", "stall.after_s=0.5", "stall.give_up_s=1"])
+    from agentload.records import load_records
+
+    recs = [r for r in load_records(tmp_path / "records.jsonl").records if r.kind == "agent"]
+    if policy == "retry":
+        # the same round is tried again with a new request id until the run ends
+        assert any(r.call > 0 and r.round == 4 for r in recs)
+    else:
+        # the agent moves on: round 5 is attempted after round 4 stalled
+        assert any(r.round == 5 for r in recs)
+    assert res.summary["verdict"]["kind"] == "server_stall"
+
+
+def test_run_never_waits_forever_on_a_server_that_hangs_forever(tmp_path):
+    """The mock hangs forever (no hang_s); the run ends by itself with a full report."""
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    r = cli("run", "long-context-hang", "--no-live", "--out", str(out), "--set", "stall.on_give_up=\"retry\"",
+            "--set", "agents.duration_s=3", "--set", "stall.after_s=1", "--set", "stall.give_up_s=2", timeout=120)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr  # a problem was found
+    assert r.stdout.startswith("VERDICT [server_stall]")
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    assert summary["verdict"]["first_round"] == 4
+    # bounded by duration + give_up + grace, far below the client's 600 s total timeout
+    assert elapsed < 90, elapsed
+    r2 = cli("run", "long-context-hang", "--no-live", "--out", str(tmp_path / "r2"), "--fail-on", "never",
+             "--set", "agents.count=2", "--set", "stall.give_up_s=2", "--set", "stall.after_s=1")
+    assert r2.returncode == 0
