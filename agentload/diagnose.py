@@ -125,11 +125,13 @@ def diagnose(data: "RunData") -> dict[str, Any]:
     e2e90 = _pct(e2e, 0.9) / 1e6
     queued = [r for r in recs if "queued_start" in r.t]
     server_stalls = [r for r in stalled if r.stalled_phase in ("ttfb", "ttft", "stream")]
-    pool_explains = waiters_max > 0 and queued and (
-        pool_stalls and len(pool_stalls) >= len(server_stalls)
-        or (not server_stalls and pw90 >= SLOW_POOL_WAIT_MS and pw90 >= POOL_WAIT_SHARE * max(e2e90, 1e-9)))
+    pool_explains = bool(waiters_max > 0 and queued and (
+        pool_stalls or (pw90 >= SLOW_POOL_WAIT_MS and pw90 >= POOL_WAIT_SHARE * max(e2e90, 1e-9))))
 
-    if server_stalls and not (pool_explains and len(pool_stalls) > len(server_stalls)):
+    # A request stalled at the server holds its connection: with a small pool, the requests
+    # behind it then wait in pool_wait. That queue is a consequence, never the cause, so any
+    # stall past the pool makes this a server stall.
+    if server_stalls:
         phases = Counter((r.round, r.stalled_phase) for r in server_stalls)
         main_phase = Counter(r.stalled_phase for r in server_stalls).most_common(1)[0][0]
         first_round = min(r.round for r in server_stalls)
@@ -141,7 +143,8 @@ def diagnose(data: "RunData") -> dict[str, Any]:
                    f"from round {first_round} on")
         if thr is not None:
             summary += f", every request at or above {thr:,} prompt tokens stalled"
-        summary += "; the client pool is not the cause" if not pool_stalls else ""
+        summary += ("; the client pool is not the cause" if not pool_stalls else
+                    "; the requests queued in the client pool behind them are a consequence, not the cause")
         v["summary"] = summary
         ev.append(f"stalled requests by round and phase: {_fmt_phase_counts(phases)}")
         if thr_text:
@@ -170,6 +173,9 @@ def diagnose(data: "RunData") -> dict[str, Any]:
                 ev.append(f"canaries (fresh connection, short prompt) sent after the first stalled request: {len(ok)}/{len(during)} "
                           f"succeeded{med}" + (": the server is up and the hang depends on the agents' state"
                                                if ok and len(ok) == len(during) else ""))
+        if pool_stalls:
+            ev.append(f"{len(pool_stalls)} more request(s) stalled in pool_wait behind them: the stalled requests "
+                      f"held the pool's connections (limit {limit}, up to {waiters_max} waiters)")
         gave_up = sum(1 for r in server_stalls if r.outcome == "stalled")
         later_ok = sum(1 for r in server_stalls if r.outcome == "ok")
         if gave_up or later_ok:
@@ -183,6 +189,11 @@ def diagnose(data: "RunData") -> dict[str, Any]:
                  summary=(f"client pool exhausted: requests waited for a free connection (limit {limit}), "
                           f"pool_wait p90 {pw90:.0f} ms of e2e p90 {e2e90:.0f} ms; the server was not the bottleneck"))
         ev.append(f"up to {waiters_max} request(s) queued for a connection at limit {limit}")
+        leak = [s for s in samples if s.get("pool", {}).get("waiters", 0) > 0
+                and s["pool"].get("in_use", 0) > sum(n for ph, n in (s.get("inflight") or {}).items() if ph != "pool_wait")]
+        if leak:
+            ev.append(f"in {len(leak)} sample(s) more connections were in use than requests were using them: "
+                      f"connections leaked (responses not read to the end or not released)")
         ev.append(f"{len(queued)} of {len(recs)} requests waited in the pool; pool_wait p90 {pw90:.0f} ms")
         if pool_stalls:
             ev.append(f"{len(pool_stalls)} request(s) stalled in pool_wait (no connection for stall.after_s)")

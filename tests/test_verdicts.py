@@ -90,3 +90,17 @@ def test_run_never_waits_forever_on_a_server_that_hangs_forever(tmp_path):
     r2 = cli("run", "long-context-hang", "--no-live", "--out", str(tmp_path / "r2"), "--fail-on", "never",
              "--set", "agents.count=2", "--set", "stall.give_up_s=2", "--set", "stall.after_s=1")
     assert r2.returncode == 0
+
+
+def test_server_hang_behind_a_small_pool_is_still_a_server_stall(tmp_path):
+    """Hung requests hold all 3 connections, so the other agents queue in pool_wait: the
+    verdict must still name the server, never the pool."""
+    res = run_scenario("long-context-hang", tmp_path, ["client.limit=3", "agents.count=9", "stall.after_s=1",
+                                                       "stall.give_up_s=3"])
+    v = res.summary["verdict"]
+    assert v["kind"] == "server_stall" and v["phase"] == "ttfb" and v["first_round"] == 4, v
+    from agentload.records import load_records
+
+    recs = load_records(tmp_path / "records.jsonl").records
+    assert any(r.stalled_phase == "pool_wait" for r in recs), "agents should have queued behind the hung requests"
+    assert any("pool_wait behind them" in e for e in v["evidence"]), v["evidence"]
