@@ -40,12 +40,13 @@ def agent_outcomes(data: "RunData") -> list[dict[str, Any]]:
         ok_rounds = {r.round for r in recs if r.outcome == "ok"}
         last = recs[-1]
         entry: dict[str, Any] = {"agent": agent, "rounds_completed": len(ok_rounds), "requests": len(recs)}
-        if last.outcome == "stalled":
+        if last.stalled_phase and last.outcome != "ok":
+            # Given up, cut short while stalled, or ended by the server after it stalled: the stall is the story.
             entry.update(outcome="stalled", stalled_round=last.round, stalled_phase=last.stalled_phase)
+            if last.outcome == "error":
+                entry["error"] = last.error
         elif last.outcome == "cut_short":
             entry["outcome"] = "cut_short"
-            if last.stalled_phase:  # cut short while already stalled: the stall is the story
-                entry.update(outcome="stalled", stalled_round=last.round, stalled_phase=last.stalled_phase)
         elif last.outcome == "error":
             entry.update(outcome="error", error=last.error, error_round=last.round)
         else:
@@ -94,6 +95,7 @@ def diagnose(data: "RunData") -> dict[str, Any]:
         v.update(kind="no_data", summary="no agent request was recorded, so there is nothing to judge")
         return v
     ev: list[str] = v["evidence"]
+    after_s = float((data.meta.get("scenario", {}).get("stall", {}) or {}).get("after_s") or 10.0)
     max_lag = max([s.get("loop_lag_ms", 0.0) for s in samples] + [data.meta.get("max_loop_lag_ms") or 0.0])
 
     stalled = [r for r in recs if r.stalled_phase]
@@ -136,11 +138,18 @@ def diagnose(data: "RunData") -> dict[str, Any]:
         main_phase = Counter(r.stalled_phase for r in server_stalls).most_common(1)[0][0]
         first_round = min(r.round for r in server_stalls)
         affected = {r.agent for r in server_stalls}
-        v.update(kind="server_stall", phase=main_phase, first_round=first_round, agents_affected=len(affected))
+        all_finished = all(r.outcome == "ok" for r in server_stalls)
+        v.update(kind="server_slow" if all_finished else "server_stall", phase=main_phase,
+                 first_round=first_round, agents_affected=len(affected))
         thr_text, thr = _threshold_evidence(server_stalls, fine)
-        completed_before = {r.round for r in fine if r.agent in affected}
-        summary = (f"server stall: {len(affected)} of {len(agents)} agents stopped making progress in {main_phase} "
-                   f"from round {first_round} on")
+        if all_finished:
+            worst = max((phase_ns(r.t, "e2e") or 0) for r in server_stalls) / 1e9
+            summary = (f"server slow, not hung: {len(server_stalls)} request(s) of {len(affected)} agents made no "
+                       f"progress in {main_phase} for over stall.after_s from round {first_round} on, but all finished "
+                       f"(slowest {worst:.1f} s)")
+        else:
+            summary = (f"server stall: {len(affected)} of {len(agents)} agents stopped making progress in {main_phase} "
+                       f"from round {first_round} on")
         if thr is not None:
             summary += f", every request at or above {thr:,} prompt tokens stalled"
         summary += ("; the client pool is not the cause" if not pool_stalls else
@@ -149,9 +158,13 @@ def diagnose(data: "RunData") -> dict[str, Any]:
         ev.append(f"stalled requests by round and phase: {_fmt_phase_counts(phases)}")
         if thr_text:
             ev.append(thr_text)
-        if completed_before:
-            ev.append(f"the affected agents completed round(s) {min(completed_before)}-{max(completed_before)} "
-                      f"before stalling")
+        first_stall: dict[int, int] = {}
+        for r in server_stalls:
+            first_stall[r.agent] = min(first_stall.get(r.agent, r.round), r.round)
+        before = [len({f.round for f in fine if f.agent == a and f.round < rnd}) for a, rnd in first_stall.items()]
+        if before and min(before) > 0:
+            lo, hi = min(before), max(before)
+            ev.append(f"each affected agent completed {lo if lo == hi else f'{lo}-{hi}'} round(s) before its first stall")
         pings = sum(r.comments for r in server_stalls)
         if pings:
             ev.append(f"{pings} SSE comment(s) (': ping') arrived on stalled requests: bytes flowed, tokens did not")
@@ -169,17 +182,26 @@ def diagnose(data: "RunData") -> dict[str, Any]:
             ok = [c for c in during if c.outcome == "ok"]
             if during:
                 lat = sorted((phase_ns(c.t, "e2e") or 0) / 1e6 for c in ok)
-                med = f", median {lat[len(lat) // 2]:.0f} ms" if lat else ""
-                ev.append(f"canaries (fresh connection, short prompt) sent after the first stalled request: {len(ok)}/{len(during)} "
-                          f"succeeded{med}" + (": the server is up and the hang depends on the agents' state"
-                                               if ok and len(ok) == len(during) else ""))
+                med = lat[len(lat) // 2] if lat else None
+                quick = med is not None and med < after_s * 1000
+                text = (f"canaries (fresh connection, short prompt) sent after the first stalled request: "
+                        f"{len(ok)}/{len(during)} succeeded" + (f", median {med:.0f} ms" if med is not None else ""))
+                if ok and len(ok) == len(during) and quick:
+                    text += ": the server is up and the hang depends on the agents' state"
+                elif ok and not quick:
+                    text += ": canaries were slow too, so the server is slow for everyone, not only for these agents"
+                elif not ok:
+                    text += ": the server is not answering anyone"
+                ev.append(text)
         if pool_stalls:
             ev.append(f"{len(pool_stalls)} more request(s) stalled in pool_wait behind them: the stalled requests "
                       f"held the pool's connections (limit {limit}, up to {waiters_max} waiters)")
         gave_up = sum(1 for r in server_stalls if r.outcome == "stalled")
         later_ok = sum(1 for r in server_stalls if r.outcome == "ok")
-        if gave_up or later_ok:
-            ev.append(f"{gave_up} stalled request(s) were given up after give_up_s; {later_ok} finished late")
+        ended = Counter(r.error for r in server_stalls if r.outcome == "error")
+        ev.append(f"{gave_up} stalled request(s) were given up after give_up_s; {later_ok} finished late"
+                  + (f"; {sum(ended.values())} were ended by the other side ("
+                     + ", ".join(f"{k} x{n}" for k, n in ended.most_common()) + ")" if ended else ""))
         return v
 
     if pool_explains:

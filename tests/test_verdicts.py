@@ -20,6 +20,8 @@ CASES = [
     ("pool-starvation", "client_pool", "pool_wait", 1),
     ("server-errors", "server_errors", "ttfb", 3),
     ("disconnects", "disconnects", "stream", None),
+    ("server-queue", "server_slow", "ttfb", 1),
+    ("server-gives-up", "server_stall", "ttfb", 3),
 ]
 
 
@@ -40,7 +42,8 @@ def test_verdict_per_fault_class(tmp_path, name, kind, phase, first_round):
         assert stalled and all(a["stalled_round"] == first_round and a["stalled_phase"] == phase for a in stalled)
         # the pool is never blamed: it had free slots; canaries got through
         assert any("canaries" in e and "succeeded" in e for e in v["evidence"]), v["evidence"]
-        assert any("none below" in e for e in v["evidence"]), v["evidence"]
+        if name != "server-gives-up":  # there agents retry after the disconnect: sizes overlap
+            assert any("none below" in e for e in v["evidence"]), v["evidence"]
     if name == "mid-stream-stall":
         assert any("ping" in e for e in v["evidence"])
 
@@ -55,7 +58,8 @@ def test_stall_is_recorded_even_when_the_request_finishes_later(tmp_path):
     late = [r for r in recs if r.kind == "agent" and r.stalled_phase == "stream" and r.outcome == "ok"]
     assert late, "a 3 s gap in the stream should be recorded as a stall even though it finished"
     assert all(r.max_gap_ns >= 2.5e9 for r in late)
-    assert res.summary["verdict"]["kind"] == "server_stall"
+    # every stalled request finished in the end: slow, not hung
+    assert res.summary["verdict"]["kind"] == "server_slow"
 
 
 @pytest.mark.parametrize("policy,expect_calls", [("retry", True), ("next_round", False)])
