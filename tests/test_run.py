@@ -166,3 +166,12 @@ def test_sigint_stops_and_still_writes_full_report(tmp_path):
     meta = orjson.loads((out / "run.json").read_bytes())
     assert meta["ended"] and meta["cut_short"] and "SIGINT" in meta["stop_reason"]
     assert (out / "summary.json").exists() and "cut short" in stdout
+
+
+def test_non_streaming_run(tmp_path, mock):
+    res = run_scenario("demo", tmp_path, [f'target.endpoint="{mock.url}"', "conversation.stream=false",
+                                          "agents.count=3", "agents.rounds=3", "canary.every_s=0"])
+    recs = load_records(tmp_path / "records.jsonl").records
+    assert len(recs) == 9 and all(r.outcome == "ok" and r.chunks == 1 for r in recs)
+    assert all(r.server_prompt_tokens == r.prompt_tokens for r in recs)
+    assert res.summary["verdict"]["kind"] == "healthy"
