@@ -35,6 +35,8 @@ def run(
     out: Annotated[Optional[Path], typer.Option(help="Run folder (default: reports/<time>-<scenario>)")] = None,
     fail_on: Annotated[str, typer.Option(help="'problem': exit 1 when the verdict is not healthy; 'never'")] = "problem",
     live: Annotated[bool, typer.Option(help="Print a live line every second")] = True,
+    metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", help="Serve agentload's own live state in Prometheus format at 127.0.0.1:PORT/metrics (0: a free port, printed)")] = None,
+    workers: Annotated[int, typer.Option("--workers", help="Run the agents in N processes (own event loop and client pool each: [client] pool settings apply per process); one report")] = 1,
 ) -> None:
     """Run a scenario and print its report (verdict first)."""
     from agentload.launch import run_to_dir
@@ -43,6 +45,10 @@ def run(
 
     if fail_on not in ("problem", "never"):
         _fail(f"--fail-on: expected 'problem' or 'never', got {fail_on!r}")
+    if metrics_port is not None and not 0 <= metrics_port <= 65535:
+        _fail(f"--metrics-port: expected a port 0-65535, got {metrics_port}")
+    if workers < 1:
+        _fail(f"--workers: expected a whole number >= 1, got {workers}")
     overrides = list(set_ or [])
     if endpoint:
         overrides.append(f"target.endpoint={_toml_str(endpoint)}")
@@ -54,12 +60,13 @@ def run(
         _fail(str(e))
     run_dir = out or default_out_dir(sc)
     try:
-        launched = run_to_dir(sc, run_dir, live=live)
+        launched = run_to_dir(sc, run_dir, live=live, metrics_port=metrics_port, workers=workers)
     except UserError as e:
         _fail(str(e))
     summary, text, outcome = launched.summary, launched.text, launched.outcome
     typer.echo(text)
-    typer.echo(f"records: {run_dir / 'records.jsonl'}  summary: {run_dir / 'summary.json'}", err=True)
+    recs = run_dir / ("records-w*.jsonl" if workers > 1 else "records.jsonl")
+    typer.echo(f"records: {recs}  summary: {run_dir / 'summary.json'}", err=True)
     kind = summary["verdict"]["kind"]
     if outcome.interrupted:
         raise typer.Exit(130 if kind == "healthy" or fail_on == "never" else 1)
@@ -112,6 +119,84 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run folder written by
     except UserError as e:
         _fail(str(e))
     typer.echo(text)
+    typer.echo(f"html: {run_dir / 'report.html'}", err=True)
+
+
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder written by `agentload run`")],
+    format: Annotated[str, typer.Option("--format", help="'perfetto': Chrome trace-event JSON (Perfetto, chrome://tracing)")] = "perfetto",
+    out: Annotated[Optional[Path], typer.Option(help="Output file (default: RUN_DIR/trace.perfetto.json)")] = None,
+) -> None:
+    """Export a run's timeline: a track per agent, a slice per phase, request ids in the args."""
+    from agentload.report.perfetto import export_perfetto
+
+    if format != "perfetto":
+        _fail(f"--format: expected 'perfetto', got {format!r}")
+    try:
+        path, n = export_perfetto(run_dir, out)
+    except UserError as e:
+        _fail(str(e))
+    typer.echo(f"{path}  ({n} slices; open it in https://ui.perfetto.dev or chrome://tracing)")
+
+
+@app.command()
+def compare(
+    targets: Annotated[list[str], typer.Argument(help="A scenario (file or packaged name) with --vary; or two or more run folders; or one comparison folder to rebuild")],
+    vary: Annotated[Optional[list[str]], typer.Option("--vary", help="section.key=v1,v2,... (repeatable): one run per combination, e.g. client.limit=20,100,0")] = None,
+    set_: SetOpt = None,
+    endpoint: Annotated[Optional[str], typer.Option(help="OpenAI-compatible base URL; default: an embedded mock per run")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model name to request")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Comparison folder (default: reports/<time>-compare-<scenario>)")] = None,
+    force: Annotated[bool, typer.Option(help="Compare runs even when their workload fingerprints differ")] = False,
+    live: Annotated[bool, typer.Option(help="Print a live line every second while each variant runs")] = True,
+) -> None:
+    """Compare client settings on the same seeded workload, side by side (verdict, rounds, phases, connections)."""
+    from agentload import compare as cmp
+
+    try:
+        paths = [Path(t) for t in targets]
+        if not vary:
+            # No --vary: compare runs that already exist (or rebuild a comparison folder).
+            if set_ or endpoint or model:
+                _fail("--set, --endpoint and --model apply when running a scenario with --vary, not to existing runs")
+            not_dirs = [t for t, p in zip(targets, paths) if not p.is_dir()]
+            if not_dirs:
+                _fail(f"{not_dirs[0]}: not a run folder; to run a scenario, give --vary section.key=v1,v2")
+            runs, names, base = cmp.expand_targets(paths)
+            doc = cmp.compare_dirs(runs, force=force, names=names, base=out or base)
+            dest = out or base
+            if dest is not None:
+                text = cmp.write_outputs(doc, dest)
+                typer.echo(text)
+                typer.echo(f"comparison: {dest / 'compare.html'}  {dest / 'compare.json'}", err=True)
+            else:
+                typer.echo(cmp.render_text(doc))
+                typer.echo("(pass --out DIR to write compare.json and compare.html)", err=True)
+            return
+        if len(paths) > 1:
+            _fail("--vary runs one scenario: give one scenario file or packaged name (existing runs compare without --vary)")
+        overrides = list(set_ or [])
+        if endpoint:
+            overrides.append(f"target.endpoint={_toml_str(endpoint)}")
+        if model:
+            overrides.append(f"target.model={_toml_str(model)}")
+        variants = cmp.plan_variants(targets[0], cmp.parse_vary(list(vary or [])), overrides, force=force)
+        assert variants[0].scenario is not None
+        dest = out or cmp.default_compare_dir(variants[0].scenario)
+        res = cmp.run_variants(variants, dest, live=live)
+        if len(res.done) < 2 and res.interrupted:
+            typer.echo(f"agentload: interrupted before two variants finished; runs so far are in {dest}", err=True)
+            raise typer.Exit(130)
+        doc = cmp.compare_dirs([dest / v.folder for v in res.done], force=force, names=[v.name for v in res.done],
+                               base=dest)
+        text = cmp.write_outputs(doc, dest)
+    except UserError as e:
+        _fail(str(e))
+    typer.echo(text)
+    typer.echo(f"comparison: {dest / 'compare.html'}  {dest / 'compare.json'}", err=True)
+    if res.interrupted:
+        raise typer.Exit(130)
 
 
 @app.command()

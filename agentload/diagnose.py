@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
 
 from agentload.records import Record, phase_ns
+from agentload.target_evidence import target_evidence
 
 if TYPE_CHECKING:
     from agentload.report.rundir import RunData
@@ -33,6 +34,10 @@ def agent_outcomes(data: "RunData") -> list[dict[str, Any]]:
     for r in data.records:
         if r.kind == "agent":
             per[r.agent].append(r)
+    sc = data.meta.get("scenario") or {}
+    max_rounds = int((sc.get("agents") or {}).get("rounds") or 0)
+    model_mode = (sc.get("conversation") or {}).get("mode") == "model"
+    stopped_early = bool(data.meta.get("cut_short")) or not data.meta.get("ended", True)
     out = []
     for agent in sorted(per):
         recs = per[agent]
@@ -49,6 +54,8 @@ def agent_outcomes(data: "RunData") -> list[dict[str, Any]]:
             entry["outcome"] = "cut_short"
         elif last.outcome == "error":
             entry.update(outcome="error", error=last.error, error_round=last.round)
+        elif stopped_early and last.round < max_rounds and not (model_mode and last.tool_calls == 0):
+            entry["outcome"] = "cut_short"  # the run stopped (duration, signal) between two of its rounds
         else:
             entry["outcome"] = "done"
         stalls = [r for r in recs if r.stalled_phase]
@@ -202,6 +209,7 @@ def diagnose(data: "RunData") -> dict[str, Any]:
         ev.append(f"{gave_up} stalled request(s) were given up after give_up_s; {later_ok} finished late"
                   + (f"; {sum(ended.values())} were ended by the other side ("
                      + ", ".join(f"{k} x{n}" for k, n in ended.most_common()) + ")" if ended else ""))
+        ev.extend(target_evidence(data, server_stalls))  # what the router/engine metrics said meanwhile
         return v
 
     if pool_explains:
@@ -230,8 +238,10 @@ def diagnose(data: "RunData") -> dict[str, Any]:
         ev.append(f"errors: {dict(Counter(r.error for r in connects))}")
         return v
 
-    if disconnects and len(disconnects) >= max(1, ERROR_SHARE * len(recs)):
-        stale = [r for r in disconnects if r.reused and "headers" not in r.t]
+    stale = [r for r in disconnects if r.reused and "headers" not in r.t]
+    # A POST lost on a stale keep-alive connection is not retried by aiohttp: every one is an
+    # agent request that failed for nothing, so any number of them is worth a verdict.
+    if disconnects and (stale or len(disconnects) >= max(1, ERROR_SHARE * len(recs))):
         mid = [r for r in disconnects if "headers" in r.t]
         first = min(r.round for r in disconnects)
         phase = "stream" if len(mid) >= len(stale) else "send"

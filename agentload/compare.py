@@ -1,0 +1,610 @@
+"""Compare HTTP client settings on the same seeded workload: `agentload compare`.
+
+Two halves, joined only by run folders on disk:
+
+- `run_variants` runs one scenario once per combination of `--vary` values (the cartesian
+  product), one after the other, each into `OUT/<variant>/` through the same launch path as
+  `agentload run` (embedded mock per run when the scenario has no endpoint). Every variant has
+  the same seed, so every variant sends the same conversations.
+- `compare_dirs` is a pure function over run folders: it rebuilds every number from
+  records.jsonl (and run.json), refuses runs whose workload fingerprints differ unless forced,
+  and marks the best value per row. `write_outputs` writes compare.json, compare.txt and the
+  self-contained compare.html. Running the reporter again on the same folders gives the same
+  bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import secrets
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import orjson
+
+from agentload.diagnose import DISCONNECT_ERRORS
+from agentload.errors import UserError
+from agentload.records import Record, phase_ns
+from agentload.report.rundir import RunData, load_run
+from agentload.report.summary import build_summary
+from agentload.scenario import Scenario, load_scenario, parse_scenario
+
+COMPARE_VERSION = 1
+PHASE_ROWS = ("pool_wait", "connect", "ttfb", "ttft", "e2e")
+FINGERPRINT_SECTIONS = ("agents", "conversation", "mock")
+SETTING_SECTIONS = ("client", "stall")
+
+LEGEND_BEST = "* best value in its row (nothing is marked when every run has the same value)"
+LEGEND_PHASES = ("phases: p50 / p99 in ms over every agent request (e2e: completed requests only); "
+                 "pool_wait 0.0 = a slot was free at once")
+LEGEND_STALE = ("stale-conn errors: a disconnect-class error (ServerDisconnectedError, ClientOSError, ...) on a "
+                "reused keep-alive connection before response headers; aiohttp does not retry these POSTs")
+LEGEND_REUSE = ("keep-alive reuse: requests sent on a reused connection / requests that got a connection; "
+                "connections opened: new connections the agents' pool(s) made (fewer is better)")
+LEGEND_FORCE_CLOSE = ("force_close=true: HTTP/1.1 with a fresh connection per request (no keep-alive reuse, "
+                      "every request pays connect)")
+
+
+def is_stale_error(r: Record) -> bool:
+    """A request that failed with a disconnect-class error on a reused keep-alive connection
+    before any response header: the server closed the connection while the client held it idle."""
+    return r.outcome == "error" and r.reused is True and r.error in DISCONNECT_ERRORS and "headers" not in r.t
+
+
+# ---------------------------------------------------------------- --vary parsing and variants
+
+
+def split_values(text: str) -> list[str]:
+    """Split `20,100,0` on commas outside braces, brackets and quotes (values are TOML)."""
+    out: list[str] = []
+    depth = 0
+    quote: str | None = None
+    cur = ""
+    for ch in text:
+        if quote:
+            cur += ch
+            if ch == quote:
+                quote = None
+            continue
+        if ch in "\"'":
+            quote = ch
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+            continue
+        cur += ch
+    out.append(cur.strip())
+    return out
+
+
+def parse_vary(items: list[str]) -> list[tuple[str, list[str]]]:
+    """`client.limit=20,100,0` -> [("client.limit", ["20", "100", "0"])], in the order given."""
+    axes: list[tuple[str, list[str]]] = []
+    seen: set[str] = set()
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or "." not in key or not text.strip():
+            raise UserError(f"--vary {item!r}: expected section.key=value1,value2,... e.g. client.limit=20,100,0")
+        values = split_values(text)
+        if any(v == "" for v in values):
+            raise UserError(f"--vary {item!r}: empty value in the list")
+        if len(set(values)) != len(values):
+            raise UserError(f"--vary {item!r}: a value is listed twice")
+        if key in seen:
+            raise UserError(f"--vary {key}: given twice; list every value in one --vary")
+        seen.add(key)
+        axes.append((key, values))
+    return axes
+
+
+def _short_keys(keys: list[str]) -> dict[str, str]:
+    """The part after the section, unless two varied keys share it."""
+    last = Counter(k.rsplit(".", 1)[1] for k in keys)
+    return {k: (k.rsplit(".", 1)[1] if last[k.rsplit(".", 1)[1]] == 1 else k) for k in keys}
+
+
+def _display(value_text: str) -> str:
+    v = value_text.strip()
+    if len(v) >= 2 and v[0] == v[-1] and v[0] in "\"'":
+        v = v[1:-1]
+    return v
+
+
+def safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._,=+-]", "_", name)[:150] or "run"
+
+
+@dataclass
+class Variant:
+    name: str  # e.g. "limit=20,force_close=false" (also the folder name, made file-safe)
+    overrides: list[str]  # section.key=value strings applied after --set
+    varied: dict[str, str]  # section.key -> value as typed
+    scenario: Scenario | None = None
+
+    @property
+    def folder(self) -> str:
+        return safe_name(self.name)
+
+
+def plan_variants(scenario: str, axes: list[tuple[str, list[str]]], sets: list[str] | None = None,
+                  force: bool = False) -> list[Variant]:
+    """Every combination of the varied values, each loaded and validated before any traffic."""
+    sets = list(sets or [])
+    if not axes:
+        raise UserError("compare: nothing to vary; give --vary section.key=v1,v2 (or two or more run folders)")
+    set_keys = {s.partition("=")[0].strip() for s in sets}
+    for key, _ in axes:
+        if key in set_keys:
+            raise UserError(f"--vary {key} and --set {key}: choose one")
+    base = load_scenario(scenario, sets)
+    short = _short_keys([k for k, _ in axes])
+    variants: list[Variant] = []
+    for combo in itertools.product(*(vals for _, vals in axes)):
+        varied = {k: v for (k, _), v in zip(axes, combo)}
+        name = ",".join(f"{short[k]}={_display(v)}" for k, v in varied.items())
+        var = Variant(name, [f"{k}={v}" for k, v in varied.items()], varied)
+        var.scenario = load_scenario(scenario, sets + var.overrides)
+        variants.append(var)
+    if len(variants) < 2:
+        raise UserError("compare: --vary gives a single variant; list two or more values, e.g. client.limit=20,100")
+    folders = Counter(v.folder for v in variants)
+    if any(n > 1 for n in folders.values()):
+        raise UserError("compare: two variants map to the same folder name: " +
+                        ", ".join(f for f, n in folders.items() if n > 1))
+    fp = base.workload_fingerprint()
+    for var in variants:
+        assert var.scenario is not None
+        if var.scenario.workload_fingerprint() != fp and not force:
+            keys = ", ".join(k for k in var.varied if k.split(".", 1)[0] not in SETTING_SECTIONS) or "a setting"
+            raise UserError(f"--vary {keys}: changes the workload (what the agents send or what the mock does), "
+                            f"so the runs would not be comparable; pass --force to vary it anyway")
+    return variants
+
+
+def default_compare_dir(scenario: Scenario, base: Path = Path("reports")) -> Path:
+    name = Path(scenario.source.split(" ")[0]).name.removesuffix(".toml") or "run"
+    return base / f"{time.strftime('%Y%m%d-%H%M%S')}-compare-{name}-{secrets.token_hex(2)}"
+
+
+@dataclass
+class CompareRun:
+    out_dir: Path
+    variants: list[Variant]
+    done: list[Variant] = field(default_factory=list)
+    interrupted: bool = False
+
+
+def run_variants(variants: list[Variant], out_dir: Path, *, live: bool = False, install_signals: bool = True,
+                 log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> CompareRun:
+    """Run each variant, one after the other, into out_dir/<variant>/ (never into an existing run)."""
+    from agentload.launch import run_to_dir
+
+    out_dir = Path(out_dir)
+    for var in variants:
+        d = out_dir / var.folder
+        if (d / "run.json").exists() or (d / "records.jsonl").exists():
+            raise UserError(f"{d}: already holds a run; choose another --out (runs are never overwritten)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    res = CompareRun(out_dir, variants)
+    for i, var in enumerate(variants, 1):
+        assert var.scenario is not None
+        log(f"agentload compare: variant {i}/{len(variants)} {var.name}")
+        try:
+            launched = run_to_dir(var.scenario, out_dir / var.folder, live=live, install_signals=install_signals,
+                                  log=log)
+        except KeyboardInterrupt:
+            res.interrupted = True
+            log("agentload compare: interrupted; comparing the runs that finished")
+            break
+        res.done.append(var)
+        v = launched.summary.get("verdict", {})
+        log(f"agentload compare: {var.name}: [{v.get('kind')}] {v.get('summary', '')}")
+        if launched.outcome.interrupted:
+            res.interrupted = True
+            log("agentload compare: interrupted; the remaining variants were not run")
+            break
+    return res
+
+
+# ---------------------------------------------------------------- metrics: a pure function of a run folder
+
+
+def _phase(summary: dict[str, Any], phase: str, q: str) -> float | None:
+    ph = (summary.get("phases") or {}).get(phase)
+    return None if not ph else ph.get(f"{q}_ms")
+
+
+def run_metrics(data: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The compare rows of one run (every number from its records) and its summary (verdict)."""
+    summary = build_summary(data)
+    recs = [r for r in data.records if r.kind == "agent"]
+    agents_cfg = (data.meta.get("scenario") or {}).get("agents") or {}
+    got_conn = [r for r in recs if r.reused is not None]
+    reused = sum(1 for r in got_conn if r.reused)
+    stale = [r for r in recs if is_stale_error(r)]
+    m: dict[str, Any] = {
+        "verdict": summary["verdict"].get("kind"),
+        "rounds_completed": summary["totals"].get("rounds_completed", 0),
+        "rounds_planned": int(agents_cfg.get("count", 0)) * int(agents_cfg.get("rounds", 0)),
+        "requests": len(recs),
+        "completed": sum(1 for r in recs if r.outcome == "ok"),
+        "stalls": sum(1 for r in recs if r.stalled_phase),
+        "errors": sum(1 for r in recs if r.outcome == "error"),
+        "stale_errors": len(stale),
+        "connections_opened": sum(1 for r in recs if "conn_end" in r.t),
+        "reuse_rate": round(reused / len(got_conn), 4) if got_conn else None,
+        "duration_s": summary["run"].get("duration_s"),
+    }
+    for p in PHASE_ROWS:
+        m[f"{p}_p50_ms"] = _phase(summary, p, "p50")
+        m[f"{p}_p99_ms"] = _phase(summary, p, "p99")
+    m["error_classes"] = dict(Counter(r.error for r in recs if r.outcome == "error").most_common())
+    return m, summary
+
+
+def quantiles_ms(values_ns: list[int], points: int = 101) -> list[float]:
+    """`points` evenly spaced quantiles (0..100 %) of a list of durations, in ms (for the CDF plot)."""
+    if not values_ns:
+        return []
+    s = sorted(values_ns)
+    n = len(s)
+    return [round(s[min(n - 1, int(round(i * (n - 1) / (points - 1))))] / 1e6, 3) for i in range(points)]
+
+
+def distributions(data: RunData) -> dict[str, list[float]]:
+    recs = [r for r in data.records if r.kind == "agent"]
+    out = {}
+    for p in ("pool_wait", "ttfb", "e2e"):
+        vals = [v for r in recs if (p != "e2e" or r.outcome == "ok") and (v := phase_ns(r.t, p, r.reused)) is not None]
+        out[p] = quantiles_ms(vals)
+    return out
+
+
+# Rows of the table: (key(s), label, better). Phase rows hold two numbers (p50, p99).
+ROWS: list[tuple[tuple[str, ...], str, str | None]] = [
+    (("verdict",), "verdict", "healthy"),
+    (("rounds_completed",), "completed rounds", "higher"),
+    (("stalls",), "stalls", "lower"),
+    (("errors",), "errors", "lower"),
+    (("stale_errors",), "stale-conn errors", "lower"),
+    *[((f"{p}_p50_ms", f"{p}_p99_ms"), f"{p} p50 / p99 ms", "lower") for p in PHASE_ROWS],
+    (("connections_opened",), "connections opened", "lower"),
+    (("reuse_rate",), "keep-alive reuse", "higher"),
+    (("duration_s",), "duration s", "lower"),
+]
+
+
+def fmt_ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if v >= 10_000:
+        return f"{v / 1000:.1f}s"
+    if v >= 100:
+        return f"{v:.0f}"
+    return f"{v:.1f}"
+
+
+def fmt_value(key: str, v: Any, metrics: dict[str, Any] | None = None) -> str:
+    if v is None:
+        return "-"
+    if key.endswith("_ms"):
+        return fmt_ms(v)
+    if key == "reuse_rate":
+        return f"{v * 100:.0f}%"
+    if key == "duration_s":
+        return f"{v:.1f}"
+    if key == "rounds_completed" and metrics and metrics.get("rounds_planned"):
+        return f"{v}/{metrics['rounds_planned']}"
+    return str(v)
+
+
+def _rank_key(key: str, v: Any) -> Any:
+    """Values are compared as shown: 0.013 and 0.014 ms are the same 0.0."""
+    if v is None:
+        return None
+    if key.endswith("_ms"):
+        s = fmt_ms(v)
+        return float(s[:-1]) * 1000 if s.endswith("s") else float(s)
+    if key == "reuse_rate":
+        return round(v * 100)
+    if key == "duration_s":
+        return round(v, 1)
+    return v
+
+
+def best_indices(key: str, better: str | None, values: list[Any]) -> list[int]:
+    if better is None or len(values) < 2:
+        return []
+    if better == "healthy":
+        good = [i for i, v in enumerate(values) if v == "healthy"]
+        return good if 0 < len(good) < len(values) else []
+    ranked = [(i, _rank_key(key, v)) for i, v in enumerate(values)]
+    ranked = [(i, k) for i, k in ranked if k is not None]
+    if not ranked:
+        return []
+    keys = {k for _, k in ranked}
+    if len(keys) == 1 and len(ranked) == len(values):
+        return []  # every run has the same value: nothing to prefer
+    target = min(keys) if better == "lower" else max(keys)
+    return [i for i, k in ranked if k == target]
+
+
+# ---------------------------------------------------------------- comparing run folders
+
+
+def expand_targets(paths: list[Path]) -> tuple[list[Path], list[str] | None, Path | None]:
+    """Run folders from the arguments. A comparison folder (one written by `compare`, holding
+    compare.json or run subfolders) stands for its runs, in the order it recorded."""
+    if len(paths) == 1 and not (paths[0] / "run.json").exists():
+        base = paths[0]
+        cj = base / "compare.json"
+        if cj.exists():
+            try:
+                doc = orjson.loads(cj.read_bytes())
+                runs = [base / v["dir"] for v in doc.get("variants", [])]
+                names = [v["name"] for v in doc.get("variants", [])]
+            except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+                raise UserError(f"{cj}: not a compare.json written by agentload ({e})")
+            if runs and all((r / "run.json").exists() for r in runs):
+                return runs, names, base
+        subs = sorted((d for d in base.iterdir() if (d / "run.json").exists()), key=_started) if base.is_dir() else []
+        if subs:
+            return subs, [d.name for d in subs], base
+        raise UserError(f"{base}: not a run folder (no run.json) nor a comparison folder (no run subfolders)")
+    for p in paths:
+        if not (p / "run.json").exists():
+            raise UserError(f"{p}: not a run folder (expected run.json and records.jsonl written by `agentload run`)")
+    return list(paths), None, None
+
+
+def _started(d: Path) -> tuple[float, str]:
+    try:
+        return float(orjson.loads((d / "run.json").read_bytes()).get("t0_unix") or 0.0), d.name
+    except (orjson.JSONDecodeError, OSError, ValueError):
+        return 0.0, d.name
+
+
+def fingerprint_of(meta: dict[str, Any]) -> str | None:
+    fp = meta.get("fingerprint")
+    if fp:
+        return fp
+    sc = meta.get("scenario")
+    if not isinstance(sc, dict):
+        return None
+    try:
+        return parse_scenario(dict(sc), "run.json").workload_fingerprint()
+    except UserError:
+        return None
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def settings_of(meta: dict[str, Any]) -> dict[str, Any]:
+    """The settings a comparison may vary, flattened: client.*, stall.*, canary.*, target.endpoint."""
+    sc = meta.get("scenario") or {}
+    out: dict[str, Any] = {}
+    for sec in (*SETTING_SECTIONS, "canary"):
+        out.update(_flat(sc.get(sec) or {}, sec))
+    out["target.endpoint"] = "embedded mock" if meta.get("embedded_mock") else meta.get("endpoint")
+    return out
+
+
+def workload_of(meta: dict[str, Any]) -> dict[str, Any]:
+    sc = meta.get("scenario") or {}
+    out: dict[str, Any] = {}
+    for sec in FINGERPRINT_SECTIONS:
+        out.update(_flat(sc.get(sec) or {}, sec))
+    out["target.model"] = (sc.get("target") or {}).get("model")
+    return out
+
+
+def _differing(dicts: list[dict[str, Any]]) -> list[str]:
+    keys: list[str] = []
+    for d in dicts:
+        for k in d:
+            if k not in keys:
+                keys.append(k)
+    return [k for k in keys if len({orjson.dumps(d.get(k), option=orjson.OPT_SORT_KEYS) for d in dicts}) > 1]
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and v.is_integer():
+        return f"{v:g}"
+    return str(v)
+
+
+def compare_dirs(paths: list[Path], *, force: bool = False, names: list[str] | None = None,
+                 base: Path | None = None) -> dict[str, Any]:
+    """The comparison of run folders (compare.json's content): a pure function of the folders."""
+    paths = [Path(p) for p in paths]
+    if len(paths) < 2:
+        raise UserError("compare: needs two or more runs")
+    datas = [load_run(p) for p in paths]
+    fps = [fingerprint_of(d.meta) for d in datas]
+    mismatch = len(set(fps)) > 1
+    if mismatch and not force:
+        groups: dict[str | None, list[str]] = {}
+        for p, fp in zip(paths, fps):
+            groups.setdefault(fp, []).append(str(p))
+        first = next(i for i, fp in enumerate(fps) if fp != fps[0])
+        diff = _differing([workload_of(datas[0].meta), workload_of(datas[first].meta)])
+        shown = ", ".join(diff[:4]) + (" ..." if len(diff) > 4 else "")
+        raise UserError("runs have different workloads (fingerprint " +
+                        "; ".join(f"{fp}: {', '.join(ps)}" for fp, ps in groups.items()) +
+                        (f"; they differ in {shown}" if shown else "") +
+                        "), so their numbers are not comparable; pass --force to compare anyway")
+    settings = [settings_of(d.meta) for d in datas]
+    varied = _differing(settings)
+    if names is None:
+        names = []
+        for p, s in zip(paths, settings):
+            label = ",".join(f"{k.rsplit('.', 1)[1]}={_show(s.get(k))}" for k in varied if not k.startswith("canary."))
+            names.append(label or p.name)
+    seen: Counter[str] = Counter()
+    uniq = []
+    for n in names:
+        seen[n] += 1
+        uniq.append(n if seen[n] == 1 else f"{n}#{seen[n]}")
+    names = uniq
+    common = {k: v for k, v in settings[0].items() if k not in varied}
+
+    variants = []
+    for p, data, name, s, fp in zip(paths, datas, names, settings, fps):
+        metrics, summary = run_metrics(data)
+        v = summary["verdict"]
+        rp = p.resolve()
+        rel = str(rp.relative_to(base.resolve())) if base is not None and rp.is_relative_to(base.resolve()) else str(rp)
+        variants.append({
+            "name": name, "dir": rel, "run": data.meta.get("run"), "fingerprint": fp,
+            "varied": {k: s.get(k) for k in varied},
+            "client": (data.meta.get("scenario") or {}).get("client", {}),
+            "stall": (data.meta.get("scenario") or {}).get("stall", {}),
+            "metrics": metrics,
+            "verdict": {k: v.get(k) for k in ("kind", "phase", "first_round", "agents_affected", "summary", "evidence")},
+            "cut_short": summary["run"].get("cut_short"),
+            "warnings": summary.get("warnings", []),
+            "quantiles_ms": distributions(data),
+        })
+    rows = []
+    for keys, label, better in ROWS:
+        rows.append({"keys": list(keys), "label": label, "better": better,
+                     "best": {k: [variants[i]["name"] for i in
+                                  best_indices(k, better, [var["metrics"].get(k) for var in variants])]
+                              for k in keys}})
+    legend = [LEGEND_BEST, LEGEND_PHASES, LEGEND_STALE, LEGEND_REUSE]
+    if any(var["client"].get("force_close") for var in variants):
+        legend.append(LEGEND_FORCE_CLOSE)
+    sc0 = datas[0].meta.get("scenario") or {}
+    agents = sc0.get("agents") or {}
+    notes = []
+    if mismatch:
+        notes.append("the runs have different workload fingerprints (" + ", ".join(sorted({str(f) for f in fps})) +
+                     "): compared anyway (--force); their numbers are not strictly comparable")
+    for var in variants:
+        if var["cut_short"]:
+            notes.append(f"{var['name']}: the run was cut short; its numbers cover what it recorded")
+    return {
+        "version": COMPARE_VERSION,
+        "scenario": sc0.get("source"),
+        "description": sc0.get("description", ""),
+        "fingerprint": fps[0] if not mismatch else None,
+        "fingerprints": fps,
+        "forced": bool(mismatch and force),
+        "workload": {"agents": agents.get("count"), "rounds": agents.get("rounds"), "seed": agents.get("seed")},
+        "varied": varied,
+        "common": common,
+        "variants": variants,
+        "rows": rows,
+        "legend": legend,
+        "notes": notes,
+    }
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def _cell(doc: dict[str, Any], row: dict[str, Any], var: dict[str, Any]) -> tuple[str, bool]:
+    parts = []
+    any_best = False
+    for k in row["keys"]:
+        s = fmt_value(k, var["metrics"].get(k), var["metrics"])
+        if var["name"] in row["best"][k]:
+            s += "*"
+            any_best = True
+        parts.append(s)
+    return " / ".join(parts), any_best
+
+
+def _common_line(common: dict[str, Any], section: str) -> str:
+    items = [(k.split(".", 1)[1], v) for k, v in common.items() if k.startswith(section + ".")]
+    return " ".join(f"{k}={_show(v)}" for k, v in items)
+
+
+def render_text(doc: dict[str, Any], width: int = 120, color: bool = False) -> str:
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    cells = [[_cell(doc, row, var)[0] for var in doc["variants"]] for row in doc["rows"]]
+    heads = [var["name"].split(",") for var in doc["variants"]]
+    cols = [max([len(h) for h in heads[i]] + [len(r[i]) for r in cells]) for i in range(len(heads))]
+    needed = max(len(row["label"]) for row in doc["rows"]) + sum(cols) + 3 * len(cols)
+    width = min(max(width, needed), 400)  # the table is never cut: wider than asked if it must be
+    buf = io.StringIO()
+    con = Console(file=buf, width=width, force_terminal=color, color_system="standard" if color else None,
+                  no_color=not color, highlight=False, emoji=False, soft_wrap=False, markup=False)
+    w = doc["workload"]
+    fp = doc["fingerprint"] or "DIFFERENT (forced)"
+    con.print(f"compare: {doc['scenario']}  workload {fp}  "
+              f"{w.get('agents')} agents x {w.get('rounds')} rounds, seed {w.get('seed')}  "
+              f"({len(doc['variants'])} runs)")
+    con.print("same in every run: client: " + (_common_line(doc["common"], "client") or "-"), soft_wrap=True)
+    con.print("                   stall: " + (_common_line(doc["common"], "stall") or "-") +
+              f"   target: {doc['common'].get('target.endpoint', 'varied')}", soft_wrap=True)
+    table = Table(show_edge=False, pad_edge=False, header_style="bold")
+    table.add_column("", justify="left", no_wrap=True)
+    for var in doc["variants"]:
+        table.add_column("\n".join(var["name"].split(",")), justify="right", no_wrap=True)
+    for row in doc["rows"]:
+        cells = []
+        for var in doc["variants"]:
+            text, best = _cell(doc, row, var)
+            cells.append(Text(text, style="bold green" if (best and color) else ""))
+        table.add_row(row["label"], *cells)
+    con.print(table)
+    for line in doc["legend"]:
+        con.print(line, soft_wrap=True)
+    for n in doc["notes"]:
+        con.print(f"note: {n}", soft_wrap=True)
+    con.print("verdicts:")
+    for var in doc["variants"]:
+        v = var["verdict"]
+        con.print(f"  {var['name']}: [{v.get('kind')}] {v.get('summary')}", soft_wrap=True)
+        errs = var["metrics"].get("error_classes") or {}
+        if errs:
+            con.print("      errors: " + ", ".join(f"{k} x{n}" for k, n in errs.items()), soft_wrap=True)
+    return buf.getvalue()
+
+
+def write_outputs(doc: dict[str, Any], out_dir: Path, width: int = 120) -> str:
+    """compare.json, compare.txt and compare.html into out_dir; returns the text table."""
+    from agentload.report.compare_html import build_compare_html
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _atomic(out_dir / "compare.json", orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    text = render_text(doc, width=width)
+    _atomic(out_dir / "compare.txt", text.encode())
+    _atomic(out_dir / "compare.html", build_compare_html(doc).encode())
+    return text
+
+
+def _atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
