@@ -1,32 +1,193 @@
-"""The live line while a run goes on: agents per round, in flight by phase, stalls, errors."""
+"""The live view while a run goes on, refreshed every second.
+
+A rich panel when stderr is a terminal, one short plain line per second otherwise (logs, CI,
+pipes). Both show the same snapshot: elapsed time, agents per round, requests in flight by
+phase, stalled requests by round x phase, the oldest request in flight (agent, round, phase,
+age, request id), req/s, tokens/s, errors, and the client pool against its limit.
+"""
 
 from __future__ import annotations
 
 import sys
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TextIO
+
+from agentload.records import PHASES
 
 if TYPE_CHECKING:
     from agentload.runner import RunContext, Sampler
 
+_ACTIVE = ("waiting", "request", "tool")
 
-class LiveLine:
-    def __init__(self, stream=sys.stderr):
-        self.stream = stream
+
+@dataclass
+class Snapshot:
+    elapsed_s: float
+    rounds: dict[int, int]  # round -> agents working in it
+    finished: dict[str, int]  # done / stalled / error / cut_short -> agents
+    inflight: dict[str, int]  # phase -> agent requests in flight
+    stalled: dict[tuple[int, str], int]  # (round, phase) -> stalled requests in flight
+    oldest: dict[str, Any] | None  # agent, round, phase, age_s, request_id
+    req_s: float
+    tok_s: float
+    requests: int
+    ok: int
+    errors: int
+    gave_up: int
+    pool: dict[str, int] = field(default_factory=dict)
+    lag_ms: float = 0.0
+
+
+class Rates:
+    """Turns the run's running counts into per-second rates between two ticks."""
+
+    def __init__(self) -> None:
         self.t0 = time.monotonic()
-        self.last_requests = 0
+        self.last_t = self.t0
+        self.last_req = 0
+        self.last_tok = 0
+
+    def snapshot(self, ctx: "RunContext", sampler: "Sampler | None" = None) -> Snapshot:
+        now_m = time.monotonic()
+        now = time.perf_counter_ns()
+        c = ctx.counts
+        dt = max(1e-6, now_m - self.last_t)
+        req_s = (c["requests"] - self.last_req) / dt
+        tok_s = (c["output_tokens"] - self.last_tok) / dt
+        self.last_t, self.last_req, self.last_tok = now_m, c["requests"], c["output_tokens"]
+        states = list(ctx.agent_states.values())
+        rounds = Counter(st.round for st in states if st.state in _ACTIVE)
+        finished = Counter(st.state for st in states if st.state not in _ACTIVE)
+        traces = [tr for tr in list(ctx.inflight.values()) if tr.kind == "agent"]
+        inflight = Counter(tr.phase() for tr in traces)
+        stalled = Counter((tr.round, tr.stalled_phase) for tr in traces if tr.stalled_phase)
+        oldest = None
+        if traces:
+            o = min(traces, key=lambda tr: tr.t.get("start", now))
+            oldest = {"agent": o.agent, "round": o.round, "phase": o.phase(),
+                      "age_s": (now - o.t.get("start", now)) / 1e9, "request_id": o.request_id,
+                      "stalled": o.stalled_phase is not None}
+        try:
+            pool = ctx.transport.pool_state()
+        except Exception:
+            pool = {}
+        return Snapshot(now_m - self.t0, dict(sorted(rounds.items())), dict(sorted(finished.items())),
+                        {p: inflight[p] for p in PHASES if inflight.get(p)}, dict(sorted(stalled.items())),
+                        oldest, req_s, tok_s, c["requests"], c["ok"], c["error"], c["stalled"], pool,
+                        getattr(sampler, "max_lag_ms", 0.0) if sampler is not None else 0.0)
+
+
+def plain_line(s: Snapshot) -> str:
+    """One short line (for logs): the same facts as the rich view."""
+    parts = [f"[{s.elapsed_s:6.1f}s] " + (" ".join(f"r{r}:{n}" for r, n in s.rounds.items()) or "-")
+             + (f" done:{s.finished['done']}" if s.finished.get("done") else ""),
+             f"fly {sum(s.inflight.values())}" + "".join(f" {p}:{n}" for p, n in s.inflight.items())]
+    if s.stalled:
+        parts.append(f"STALL {sum(s.stalled.values())}" + "".join(f" r{r}/{p}:{n}" for (r, p), n in s.stalled.items()))
+    if s.oldest:
+        o = s.oldest
+        parts.append(f"oldest a{o['agent']} r{o['round']} {o['phase']} {o['age_s']:.1f}s {o['request_id']}")
+    parts.append(f"{s.req_s:.0f} req/s {s.tok_s:.0f} tok/s")
+    parts.append(f"err {s.errors} gaveup {s.gave_up}")
+    if s.pool:
+        parts.append(f"pool {s.pool.get('in_use', 0)}/{s.pool.get('limit') or 'inf'} w{s.pool.get('waiters', 0)}")
+    return " | ".join(parts)
+
+
+def rich_view(s: Snapshot, run_dir: str | None = None):
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", justify="right")
+    grid.add_column()
+    grid.add_row("elapsed", f"{s.elapsed_s:.1f} s" + (f"   run folder {run_dir}" if run_dir else ""))
+    grid.add_row("agents per round", "  ".join(f"r{r}: {n}" for r, n in s.rounds.items()) or "-")
+    grid.add_row("agents finished", "  ".join(f"{k} {n}" for k, n in s.finished.items()) or "-")
+    grid.add_row("in flight", f"{sum(s.inflight.values())}   "
+                 + "  ".join(f"{p} {n}" for p, n in s.inflight.items()))
+    stalled = Text(f"{sum(s.stalled.values())}", style="bold red" if s.stalled else "green")
+    grid.add_row("stalled", stalled)
+    if s.oldest:
+        o = s.oldest
+        grid.add_row("oldest in flight", Text(
+            f"agent {o['agent']}  round {o['round']}  {o['phase']}  {o['age_s']:.1f} s  {o['request_id']}",
+            style="red" if o["stalled"] else ""))
+    grid.add_row("throughput", f"{s.req_s:.1f} req/s   {s.tok_s:.0f} tokens/s   "
+                 f"requests {s.requests}  ok {s.ok}")
+    grid.add_row("errors", Text(f"{s.errors}   stalls given up {s.gave_up}",
+                                style="red" if (s.errors or s.gave_up) else ""))
+    if s.pool:
+        p = s.pool
+        grid.add_row("client pool", f"in use {p.get('in_use', 0)} / limit {p.get('limit') or 'unlimited'}   "
+                     f"idle {p.get('idle', 0)}   waiters {p.get('waiters', 0)}   opened {p.get('opened', 0)}")
+    if s.lag_ms >= 50:
+        grid.add_row("event-loop lag", Text(f"{s.lag_ms:.0f} ms", style="yellow"))
+    parts: list[Any] = [grid]
+    if s.stalled:
+        rounds = sorted({r for r, _ in s.stalled})
+        phases = [p for p in PHASES if any(ph == p for _, ph in s.stalled)]
+        parts.append(Text("stalled requests in flight, by round x phase:", style="bold red"))
+        t = Table(show_edge=False)
+        t.add_column("round", justify="right")
+        for p in phases:
+            t.add_column(p, justify="right")
+        for r in rounds:
+            t.add_row(str(r), *(str(s.stalled.get((r, p), "")) for p in phases))
+        parts.append(t)
+    return Group(*parts)
+
+
+class PlainLive:
+    """One line per second on a stream that is not a terminal."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+        self.rates = Rates()
 
     def __call__(self, ctx: "RunContext", sampler: "Sampler") -> None:
-        c = ctx.counts
-        rounds = Counter(st.round for st in ctx.agent_states.values() if st.state not in ("done", "stalled", "error"))
-        phases = Counter(tr.phase() for tr in list(ctx.inflight.values()) if tr.kind == "agent")
-        stalled = sum(1 for tr in list(ctx.inflight.values()) if tr.stalled_phase)
-        rps = c["requests"] - self.last_requests
-        self.last_requests = c["requests"]
-        pool = ctx.transport.pool_state()
-        line = (f"[{time.monotonic() - self.t0:6.1f}s] rounds {dict(sorted(rounds.items()))} "
-                f"in flight {sum(phases.values())} {dict(phases)} stalled {stalled} "
-                f"done {c['ok']} err {c['error']} gave-up {c['stalled']} {rps} req/s "
-                f"pool {pool['in_use']}/{pool['limit'] or 'inf'} waiters {pool['waiters']}")
-        print(line, file=self.stream, flush=True)
+        print(plain_line(self.rates.snapshot(ctx, sampler)), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class RichLive:
+    """A panel redrawn in place on a terminal; stop it with close()."""
+
+    def __init__(self, stream: TextIO, run_dir: str | None = None):
+        from rich.console import Console
+
+        self.console = Console(file=stream, stderr=stream is sys.stderr)
+        self.rates = Rates()
+        self.run_dir = run_dir
+        self.live = None
+
+    def __call__(self, ctx: "RunContext", sampler: "Sampler") -> None:
+        from rich.live import Live
+
+        view = rich_view(self.rates.snapshot(ctx, sampler), self.run_dir)
+        if self.live is None:
+            self.live = Live(view, console=self.console, auto_refresh=False, transient=False,
+                             redirect_stdout=True, redirect_stderr=True)
+            self.live.start()
+        self.live.update(view, refresh=True)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
+def LiveLine(stream: TextIO | None = None, run_dir: str | None = None) -> PlainLive | RichLive:
+    """The live view for `stream` (default stderr): rich on a terminal, plain lines otherwise."""
+    stream = stream if stream is not None else sys.stderr
+    isatty = getattr(stream, "isatty", lambda: False)
+    try:
+        tty = bool(isatty())
+    except ValueError:  # a closed stream
+        tty = False
+    return RichLive(stream, run_dir) if tty else PlainLive(stream)

@@ -32,7 +32,7 @@ class Trace:
     __slots__ = ("kind", "agent", "round", "call", "request_id", "messages", "prompt_bytes",
                  "prompt_tokens", "t", "reused", "chunks", "token_chunks", "comments", "last_token",
                  "max_gap", "max_gap_at", "stalled_phase", "stalled_at", "gave_up", "timeout_cm",
-                 "bytes_in")
+                 "bytes_in", "server_first_token_ns")
 
     def __init__(self, kind: str, agent: int, round_: int, call: int, request_id: str,
                  messages: int, prompt_bytes: int, prompt_tokens: int, intended: int | None = None):
@@ -59,6 +59,7 @@ class Trace:
         self.stalled_at = 0
         self.gave_up = False
         self.timeout_cm: Any = None  # asyncio.Timeout the watchdog fires on give-up
+        self.server_first_token_ns: int | None = None  # the server's own send stamp, if it sent one
 
     def phase(self) -> str:
         """The phase the request is in now, from which stamps exist."""
@@ -114,6 +115,10 @@ class Record:
     max_gap_ns: int  # largest gap between two token chunks
     max_gap_at: int  # stamp of the chunk that ended that gap
     t: dict[str, int] = field(default_factory=dict)
+    # The server's perf_counter_ns when it sent the first token, where the server stamps it
+    # (agentload's mock and bench/server.py put "mock_sent_ns" in that chunk). Same host, same
+    # CLOCK_MONOTONIC: t["first_token"] - server_first_token_ns is agentload's timing error.
+    server_first_token_ns: int | None = None
 
     @classmethod
     def from_trace(cls, run: str, tr: Trace, *, outcome: str, status: int | None = None,
@@ -124,14 +129,15 @@ class Record:
                    tr.messages, tr.prompt_bytes, tr.prompt_tokens, server_prompt_tokens,
                    output_tokens, status, outcome, error, error_msg, tr.stalled_phase, tr.reused,
                    finish_reason, tool_calls, tr.chunks, tr.token_chunks, tr.comments,
-                   tr.max_gap, tr.max_gap_at, dict(tr.t))
+                   tr.max_gap, tr.max_gap_at, dict(tr.t), tr.server_first_token_ns)
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Record":
-        return cls(**{k: d[k] for k in _FIELDS})
+        # Fields added after version 1 have defaults: older records load without them.
+        return cls(**{k: d[k] for k in _FIELDS if k in d or k not in _OPTIONAL})
 
     # ---- derived values (never stored)
 
@@ -140,6 +146,7 @@ class Record:
 
 
 _FIELDS = tuple(Record.__dataclass_fields__)
+_OPTIONAL = frozenset({"server_first_token_ns"})
 
 
 def phase_ns(t: dict[str, int], phase: str, reused: bool | None = None) -> int | None:
@@ -148,8 +155,9 @@ def phase_ns(t: dict[str, int], phase: str, reused: bool | None = None) -> int |
     if start is None:
         return None
     if phase == "e2e":
+        # open loop: from when the request should have started (coordinated omission), else from its send
         end = t.get("end")
-        return None if end is None else end - start
+        return None if end is None else end - t.get("intended", start)
     if phase == "pool_wait":
         if "queued_start" in t:
             return (t["queued_end"] - t["queued_start"]) if "queued_end" in t else None

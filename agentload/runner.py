@@ -17,16 +17,21 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import aiohttp
 import orjson
 
-from agentload import __version__
+from agentload import __version__, dump
 from agentload.agent import AgentState, attempt, run_agent
 from agentload.conversation import Conversation, tool_schemas
+from agentload.health import ProcessHealth
+from agentload.observers import start_observers
 from agentload.records import Record, RecordWriter, Trace
 from agentload.scenario import Scenario, const
+
+if TYPE_CHECKING:
+    from agentload.workers import WorkerSpec
 
 _now = time.perf_counter_ns
 
@@ -45,12 +50,18 @@ class RunContext:
     tools: list[dict[str, Any]]
     inflight: dict[str, Trace] = field(default_factory=dict)
     agent_states: dict[int, AgentState] = field(default_factory=dict)
+    # open loop: ended conversations leave agent_states (memory stays flat) and are counted here by state
+    finished: dict[str, int] = field(default_factory=dict)
     stopping: bool = False
     stop_reason: str | None = None
     stop_event: asyncio.Event = field(default_factory=asyncio.Event)
     listeners: list[Callable[[Record], None]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=lambda: {"requests": 0, "ok": 0, "error": 0, "stalled": 0,
                                                              "cut_short": 0, "output_tokens": 0})
+    # --workers: this process runs the agents i with i % shard[1] == shard[0] (ids stay global)
+    shard: tuple[int, int] = (0, 1)
+    arrivals_t0: int | None = None  # a start time shared by all workers (perf_counter_ns), else now
+    agents_idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while no agent task is live
 
     def emit(self, rec: Record) -> None:
         self.writer.write(rec)
@@ -130,6 +141,7 @@ class Sampler:
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.max_lag_ms = 0.0
         self.lag_ms = 0.0
+        self.health = ProcessHealth()
 
     async def probe_lag(self) -> None:
         loop = asyncio.get_running_loop()
@@ -155,7 +167,7 @@ class Sampler:
             phases[p] = phases.get(p, 0) + 1
             stalled += tr.stalled_phase is not None
         s = {"t": _now(), "pool": ctx.transport.pool_state(), "inflight": phases, "stalled": stalled,
-             "loop_lag_ms": round(self.lag_ms, 3), "counts": dict(ctx.counts)}
+             "loop_lag_ms": round(self.lag_ms, 3), "counts": dict(ctx.counts), "proc": self.health.sample()}
         self.max_lag_ms = max(self.max_lag_ms, self.lag_ms)
         self.lag_ms = 0.0
         os.write(self.fd, orjson.dumps(s, option=orjson.OPT_APPEND_NEWLINE))
@@ -204,16 +216,42 @@ async def canaries(ctx: RunContext) -> None:
         await session.close()
 
 
+def _track(ctx: RunContext, tasks: set[asyncio.Task], task: asyncio.Task) -> None:
+    """Keep a live agent's task; forget it once it ends, so hours of open-loop arrivals hold only
+    the conversations in progress (an ended one leaves its count in ctx.finished, its lines on disk)."""
+    tasks.add(task)
+    ctx.agents_idle.clear()
+    agent = int(task.get_name().rpartition("-")[2])
+    open_loop = ctx.scenario.agents.arrival == "open"
+
+    def done(t: asyncio.Task) -> None:
+        tasks.discard(t)
+        if not tasks:
+            ctx.agents_idle.set()
+        if not t.cancelled() and t.exception() is not None:
+            print(f"agentload: agent {agent} crashed: {t.exception()!r}", file=sys.stderr)
+        if open_loop:
+            st = ctx.agent_states.pop(agent, None)
+            if st is not None:
+                state = "cut_short" if t.cancelled() else st.state
+                ctx.finished[state] = ctx.finished.get(state, 0) + 1
+
+    task.add_done_callback(done)
+
+
 async def _arrivals(ctx: RunContext, tasks: set[asyncio.Task]) -> None:
     sc = ctx.scenario
     a = sc.agents
-    loop_start = _now()
+    loop_start = ctx.arrivals_t0 or _now()
+    mine, workers = ctx.shard
     if a.arrival == "closed":
         n = a.count
         ramp = 0.0 if a.start == "all" else float(a.start)
         for i in range(n):
             if ctx.stopping:
                 return
+            if i % workers != mine:  # another worker process's agent
+                continue
             if ramp > 0 and n > 1:
                 due = loop_start + int(ramp * 1e9 * i / (n - 1))
                 delay = (due - _now()) / 1e9
@@ -221,7 +259,7 @@ async def _arrivals(ctx: RunContext, tasks: set[asyncio.Task]) -> None:
                     await ctx.sleep(delay)
                     if ctx.stopping:
                         return
-            tasks.add(asyncio.create_task(run_agent(ctx, i), name=f"agent-{i}"))
+            _track(ctx, tasks, asyncio.create_task(run_agent(ctx, i), name=f"agent-{i}"))
         return
     # Open loop: new conversations start at a rate, whatever the server does; each first
     # request carries the time it should have started, so latency counts the lateness too.
@@ -232,28 +270,52 @@ async def _arrivals(ctx: RunContext, tasks: set[asyncio.Task]) -> None:
             return
         gap = (rng.expovariate(a.rate_per_s) if a.rate_dist == "poisson" else 1.0 / a.rate_per_s)
         due += int(gap * 1e9)
-        delay = (due - _now()) / 1e9
-        if delay > 0:
+        if i % workers != mine:  # every worker draws the whole schedule, and starts its own agents
+            continue
+        # a loop timer may fire up to its clock resolution early: never start before the intended time
+        while (delay := (due - _now()) / 1e9) > 0:
             await ctx.sleep(delay)
             if ctx.stopping:
                 return
-        tasks.add(asyncio.create_task(run_agent(ctx, i, intended_start=due), name=f"agent-{i}"))
+        _track(ctx, tasks, asyncio.create_task(run_agent(ctx, i, intended_start=due), name=f"agent-{i}"))
 
 
 async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: bool,
                   on_tick: Callable[[RunContext, "Sampler"], None] | None = None,
-                  install_signals: bool = True) -> RunOutcome:
-    """Run the scenario against base_url, writing run.json, records.jsonl and samples.jsonl."""
+                  install_signals: bool = True, metrics_port: int | None = None,
+                  worker: "WorkerSpec | None" = None) -> RunOutcome:
+    """Run the scenario against base_url, writing run.json, records.jsonl and samples.jsonl
+    (and target_metrics.jsonl with [target] metrics_urls, intervals.hlog always); with
+    metrics_port, agentload's live state is served in Prometheus format on 127.0.0.1.
+
+    With `worker` (one process of `--workers N`, see agentload.workers): the run id and clock
+    anchor are the parent's, the files are run-wI.json, records-wI.jsonl, samples-wI.jsonl,
+    only this worker's share of the agents runs, canaries only in worker 0, and the agents
+    start when `worker.gate()` returns (all workers at once)."""
     from agentload.transport import Transport
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    run_id = secrets.token_hex(4)
+    run_id = worker.run_id if worker is not None else secrets.token_hex(4)
     meta = run_metadata(sc, run_id, base_url, embedded_mock)
-    _write_json(out_dir / "run.json", meta)
-    writer = RecordWriter(out_dir / "records.jsonl")
+    sfx = ""
+    if worker is not None:
+        sfx = f"-w{worker.index}"
+        meta.update(t0_ns=worker.t0_ns, t0_unix=worker.t0_unix, worker=worker.index, workers=worker.count,
+                    files_suffix=sfx)
+    _write_json(out_dir / f"run{sfx}.json", meta)
+    writer = RecordWriter(out_dir / f"records{sfx}.jsonl")
     transport = Transport(sc.client, sc.target, base_url)
     ctx = RunContext(sc, run_id, transport.url, transport, writer, tool_schemas(sc.conversation.tools))
-    sampler = Sampler(ctx, out_dir / "samples.jsonl")
+    if worker is not None:
+        ctx.shard = (worker.index, worker.count)
+    sampler = Sampler(ctx, out_dir / f"samples{sfx}.jsonl")
+    try:
+        extras = await start_observers(ctx, sampler, out_dir, meta, metrics_port)
+    except BaseException:  # e.g. --metrics-port already taken: nothing was sent yet
+        sampler.close()
+        writer.close()
+        await transport.close()
+        raise
     loop = asyncio.get_running_loop()
     interrupts = 0
     hard_stop = asyncio.Event()
@@ -261,21 +323,28 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
     def on_signal(signame: str) -> None:
         nonlocal interrupts
         interrupts += 1
-        if interrupts == 1:
+        if interrupts == 1 and not ctx.stopping:
             ctx.stop(f"interrupted ({signame})")
-        else:
+            print(f"\nagentload: {signame}: no new rounds; in-flight requests get up to give_up_s="
+                  f"{sc.stall.give_up_s:g} s, then the full report (signal again to stop now)",
+                  file=sys.stderr, flush=True)
+        elif not hard_stop.is_set():  # a second signal, or one while already winding down: stop now
             hard_stop.set()
+            print(f"\nagentload: {signame}: stopping now; writing what was recorded", file=sys.stderr, flush=True)
 
     if install_signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig.name)
+        loop.add_signal_handler(signal.SIGUSR1, dump.on_sigusr1, ctx, out_dir, meta["t0_ns"])
 
     agent_tasks: set[asyncio.Task] = set()
     background = [asyncio.create_task(watchdog(ctx), name="watchdog"),
                   asyncio.create_task(sampler.run(), name="sampler"),
-                  asyncio.create_task(sampler.probe_lag(), name="lag")]
-    if sc.canary.every_s > 0:
+                  asyncio.create_task(sampler.probe_lag(), name="lag"),
+                  asyncio.create_task(dump.watch_stalls(ctx, out_dir, meta["t0_ns"]), name="stall-dumps")]
+    if sc.canary.every_s > 0 and (worker is None or worker.index == 0):
         background.append(asyncio.create_task(canaries(ctx), name="canary"))
+    background.extend(extras.tasks())
     if on_tick is not None:
         async def ticker() -> None:
             while True:
@@ -283,15 +352,21 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
                 on_tick(ctx, sampler)
         background.append(asyncio.create_task(ticker(), name="live"))
 
+    if worker is not None and worker.gate is not None:
+        ctx.arrivals_t0 = await worker.gate()  # every worker's agents start at the same moment
     arrivals = asyncio.create_task(_arrivals(ctx, agent_tasks), name="arrivals")
     duration = sc.agents.duration_s
     started = time.monotonic()
     cut_short = False
+    # One waiter for "no agent left" and one for "stop", not a callback on every agent task per
+    # wake-up: with 10,000 agents that would cost O(agents) each time one of them ends.
+    ctx.agents_idle.set()
+    idle_wait = asyncio.create_task(ctx.agents_idle.wait())
+    stop_wait = asyncio.create_task(ctx.stop_event.wait())
     try:
         # Phase 1: run until every agent is done, the duration is over, or a signal comes.
         while True:
-            live = [t for t in agent_tasks if not t.done()]
-            if arrivals.done() and not live:
+            if arrivals.done() and not agent_tasks:
                 break
             timeout = 0.5
             if duration is not None:
@@ -302,14 +377,15 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
                 timeout = min(timeout, left)
             if ctx.stopping:
                 break
-            await asyncio.wait(live + ([arrivals] if not arrivals.done() else []) or [ctx.stop_event.wait()],
+            if idle_wait.done() and agent_tasks:
+                idle_wait = asyncio.create_task(ctx.agents_idle.wait())
+            await asyncio.wait([w for w in (arrivals, idle_wait, stop_wait) if not w.done()] or [stop_wait],
                                timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         ctx.stop(ctx.stop_reason or "all agents finished")
         # Phase 2: in-flight requests get give_up_s (plus grace) to end; a second signal ends it now.
-        live = [t for t in agent_tasks if not t.done()]
-        if live:
+        if agent_tasks:
             hard = asyncio.create_task(hard_stop.wait())
-            await _wait_all_or(live, hard, sc.stall.give_up_s + SHUTDOWN_GRACE_S)
+            await _wait_idle_or(ctx, agent_tasks, hard, sc.stall.give_up_s + SHUTDOWN_GRACE_S)
             hard.cancel()
         still = [t for t in agent_tasks if not t.done()]
         if still:
@@ -320,33 +396,35 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
         if not arrivals.done():
             arrivals.cancel()
     finally:
+        idle_wait.cancel()
+        stop_wait.cancel()
         for t in background:
             t.cancel()
         await asyncio.gather(*background, return_exceptions=True)
         sampler.sample()
         sampler.close()
+        await extras.close()
         await transport.close()
         writer.close()
         if install_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
                 loop.remove_signal_handler(sig)
         interrupted = interrupts > 0
-        cut_short = cut_short or interrupted or any(
+        cut_short = cut_short or interrupted or bool(ctx.finished.get("cut_short")) or any(
             st.state == "cut_short" for st in ctx.agent_states.values())
         meta.update({"ended": True, "ended_normally": not interrupted, "cut_short": cut_short,
                      "stop_reason": ctx.stop_reason, "t_end_ns": _now(), "t_end_unix": time.time(),
                      "records": writer.count, "max_loop_lag_ms": round(sampler.max_lag_ms, 3)})
-        _write_json(out_dir / "run.json", meta)
+        _write_json(out_dir / f"run{sfx}.json", meta)
     return RunOutcome(out_dir, run_id, cut_short, ctx.stop_reason, interrupts > 0)
 
 
-async def _wait_all_or(tasks: list[asyncio.Task], hard: asyncio.Task, timeout: float) -> None:
-    """Wait until all tasks end, the hard-stop fires, or the timeout passes."""
-    deadline = time.monotonic() + timeout
-    pending = set(tasks)
-    while pending:
-        left = deadline - time.monotonic()
-        if left <= 0 or hard.done():
-            return
-        done, pending = await asyncio.wait(pending | {hard}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-        pending.discard(hard)
+async def _wait_idle_or(ctx: RunContext, tasks: set[asyncio.Task], hard: asyncio.Task, timeout: float) -> None:
+    """Wait until no agent task is left (ctx.agents_idle), the hard-stop fires, or the timeout passes."""
+    if not tasks:
+        return
+    idle = asyncio.create_task(ctx.agents_idle.wait())
+    try:
+        await asyncio.wait([idle, hard], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        idle.cancel()

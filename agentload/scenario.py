@@ -80,8 +80,9 @@ class TargetConfig:
     model: str = "mock-model"
     api_key_env: Optional[str] = None  # name of the env var; the key itself is never stored
     headers: dict[str, str] = field(default_factory=dict)
-    metrics_urls: list[str] = field(default_factory=list)
+    metrics_urls: list[str] = field(default_factory=list)  # Prometheus endpoints scraped during the run
     metrics_every_s: float = 5.0
+    metrics_series: list[str] = field(default_factory=list)  # names/prefixes to chart (default: router/engine gauges)
 
 
 @dataclass(frozen=True)
@@ -313,6 +314,11 @@ def _check(sc: Scenario) -> None:
     ep = sc.target.endpoint
     if ep is not None and not (ep.startswith("http://") or ep.startswith("https://")):
         raise ScenarioError(s, "target.endpoint", f"expected an http:// or https:// URL, got {ep!r}")
+    for i, u in enumerate(sc.target.metrics_urls):
+        if not (u.startswith("http://") or u.startswith("https://")):
+            raise ScenarioError(s, f"target.metrics_urls[{i}]", f"expected an http:// or https:// URL, got {u!r}")
+    if sc.target.metrics_urls and sc.target.metrics_every_s < 0.2:
+        raise ScenarioError(s, "target.metrics_every_s", f"expected a number >= 0.2, got {sc.target.metrics_every_s}")
     if sc.agents.arrival == "open" and sc.agents.rate_per_s <= 0:
         raise ScenarioError(s, "agents.rate_per_s", "expected a number > 0 for arrival = \"open\"")
 

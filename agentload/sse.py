@@ -83,6 +83,12 @@ class SSEDecoder:
         if not data:
             return []
         self.bytes_fed += len(data)
+        # Fast path: the read is exactly one whole one-line `data:` event and nothing is pending
+        # (nearly every read of a paced stream): two memchr scans, no split.
+        if (not self._pending and not self._bom and not self._cr and data[:6] == b"data: "
+                and data.find(b"\n") == len(data) - 2 and data[-1] == 10 and b"\r" not in data):
+            self.events += 1
+            return [(DATA, data[6:-2])]
         if self._bom:
             data = self._strip_bom(data)
             if not data:

@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from agentload import __version__
 from agentload.records import Trace
 from agentload.scenario import ClientConfig, TargetConfig
 
@@ -100,7 +101,12 @@ def client_timeout(cfg: ClientConfig) -> aiohttp.ClientTimeout:
 def request_headers(target: TargetConfig) -> dict[str, str]:
     """Static headers for every request. The API key is read from the environment here and
     lives only in the session's header map: never in the scenario, records or reports."""
-    h = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
+    # A User-Agent of our own: it names the load generator in router logs, and aiohttp then adds
+    # none (asking aiohttp to skip its own, with skip_auto_headers, costs a header-dict copy per
+    # request). Accept-Encoding identity: bodies are read raw (auto_decompress=False), so a
+    # compressed stream must not be asked for (aiohttp would otherwise offer gzip/deflate).
+    h = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json",
+         "Accept-Encoding": "identity", "User-Agent": f"agentload/{__version__}"}
     h.update(target.headers)
     if target.api_key_env:
         key = os.environ.get(target.api_key_env)
@@ -144,7 +150,6 @@ class Transport:
             trace_configs=[self._trace_config],
             headers=self.headers,
             auto_decompress=False,
-            skip_auto_headers=("User-Agent",),
         )
 
     def session_for(self, agent: int) -> aiohttp.ClientSession:
@@ -169,8 +174,7 @@ class Transport:
             connector=aiohttp.TCPConnector(limit=0, force_close=True),
             timeout=aiohttp.ClientTimeout(total=timeout_s, connect=timeout_s, sock_connect=timeout_s,
                                           sock_read=timeout_s),
-            trace_configs=[self._trace_config], headers=self.headers, auto_decompress=False,
-            skip_auto_headers=("User-Agent",))
+            trace_configs=[self._trace_config], headers=self.headers, auto_decompress=False)
 
     def _connectors(self) -> list[aiohttp.BaseConnector]:
         out = [s.connector for s in ([self._shared] if self._shared else []) if s.connector]

@@ -18,4 +18,7 @@ def write_reports(run_dir: Path, width: int = 120) -> tuple[dict[str, Any], str]
     (run_dir / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     text = render(summary, width=width)
     (run_dir / "report.txt").write_text(text, encoding="utf-8")
+    from agentload.report.html import write_html  # plotly import is slow-ish: only when writing
+
+    write_html(run_dir, data, summary)
     return summary, text

@@ -11,9 +11,11 @@ from typing import Any
 from agentload.diagnose import agent_outcomes, diagnose
 from agentload.report.rundir import RunData
 from agentload.stats import by_round
+from agentload.target_evidence import scrape_summary
 
 MIN_SAMPLES_PER_ROUND = 10
 LOOP_LAG_WARN_MS = 50.0
+LATE_START_WARN_MS = 50.0
 
 
 def run_section(data: RunData) -> dict[str, Any]:
@@ -41,9 +43,21 @@ def run_section(data: RunData) -> dict[str, Any]:
         "stall": sc.get("stall", {}),
         "agents": sc.get("agents", {}),
         "workers": m.get("workers", 1),
-        "latency_from": "intended start (open loop)" if sc.get("agents", {}).get("arrival") == "open"
+        "latency_from": ("intended start of each conversation's first request (open loop: a late start counts), "
+                         "actual send of later rounds") if sc.get("agents", {}).get("arrival") == "open"
         else "actual send (closed loop: each agent waits for its answer)",
+        "start_late_ms": _start_lateness(data),
     }
+
+
+def _start_lateness(data: RunData) -> dict[str, float] | None:
+    """Open loop: how late first requests went out against their intended start (ms)."""
+    late = sorted((r.t["start"] - r.t["intended"]) / 1e6 for r in data.records
+                  if "intended" in r.t and "start" in r.t)
+    if not late:
+        return None
+    return {"n": len(late), "p50": round(late[len(late) // 2], 3), "p99": round(late[int(0.99 * (len(late) - 1))], 3),
+            "max": round(late[-1], 3)}
 
 
 def warnings_for(data: RunData, rounds: dict) -> list[str]:
@@ -88,4 +102,11 @@ def build_summary(data: RunData) -> dict[str, Any]:
         "agents": agents,
         "warnings": warnings_for(data, rounds),
     }
+    tm = scrape_summary(data.path, data.meta.get("t0_ns"))
+    if tm is not None:
+        summary["target_metrics"] = tm
+    late = summary["run"].get("start_late_ms")
+    if late and late["p99"] >= LATE_START_WARN_MS:
+        summary["warnings"].append(f"open-loop starts ran late: p99 {late['p99']:.0f} ms, max {late['max']:.0f} ms "
+                                   f"behind schedule (counted in e2e, which runs from the intended start)")
     return summary

@@ -53,11 +53,18 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
     con.print(f"client pool: limit={c.get('limit')} limit_per_host={c.get('limit_per_host')} "
               f"keepalive_timeout={c.get('keepalive_timeout')} force_close={c.get('force_close')} "
               f"session={c.get('session')}"
-              + (f" (per worker process, {run['workers']} workers)" if run.get("workers", 1) > 1 else ""))
+              + (f" (per worker process, {run['workers']} workers)" if run.get("workers", 1) > 1 else ""),
+              soft_wrap=True, markup=False)
     con.print(f"timeouts (s): pool={c.get('pool_timeout_s')} connect={c.get('connect_timeout_s')} "
               f"read={c.get('read_timeout_s')} total={c.get('total_timeout_s')}  "
               f"stall after={s.get('after_s')} give_up={s.get('give_up_s')} on_give_up={s.get('on_give_up')}")
-    con.print(f"latency measured from {run.get('latency_from')}")
+    late = run.get("start_late_ms")
+    con.print(f"latency measured from {run.get('latency_from')}"
+              + (f" (starts late by p50 {late['p50']:.1f} / p99 {late['p99']:.1f} ms)" if late else ""), markup=False)
+    for url, st in (summary.get("target_metrics") or {}).items():
+        con.print(f"target metrics {url}: {st['ok']} scrapes ok, {st['failed']} failed, {st['series']} series"
+                  + (f" (e.g. {st['errors'][0]})" if st.get("errors") else "") + " -> target_metrics.jsonl",
+                  soft_wrap=True, markup=False)
     table = Table(title="per round: p50 / p99 ms", title_justify="left", show_edge=False, pad_edge=False)
     for col in ("round", "req", "ok", "err", "stall"):
         table.add_column(col, justify="right")

@@ -1,0 +1,182 @@
+"""The agent dump: what every agent is doing right now, as a text file in the run folder.
+
+Written on `SIGUSR1` (`kill -USR1 <pid>`) and once per stall wave (the count of stalled
+requests going from 0 to more than 0). For each agent: round, state and phase, seconds in
+that phase and since its last progress, the request id in flight, and whether it went out
+on a reused keep-alive connection or a new one. Reads the in-flight registry only; never
+blocks the run for more than the time it takes to format and write the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from agentload.records import Trace
+    from agentload.runner import RunContext
+
+_now = time.perf_counter_ns
+
+STALL_CHECK_S = 0.5
+
+
+def phase_since(tr: "Trace") -> int:
+    """When the request entered the phase it is in now (perf_counter_ns)."""
+    t = tr.t
+    p = tr.phase()
+    if p == "stream":
+        return t["first_token"]
+    if p == "ttft":
+        return t["headers"]
+    if p == "ttfb":
+        return t["sent"]
+    if p == "send":
+        return t.get("conn_end") or t.get("queued_end") or t.get("start", 0)
+    if p == "connect":
+        return t.get("conn_start", t.get("start", 0))
+    return t.get("queued_start", t.get("start", 0))
+
+
+def _conn(tr: "Trace | None") -> str:
+    if tr is None or tr.reused is None:
+        return "-"
+    return "reused" if tr.reused else "new"
+
+
+def format_dump(ctx: "RunContext", reason: str, now_ns: int | None = None, t0_ns: int | None = None) -> str:
+    now = now_ns if now_ns is not None else _now()
+    traces = list(ctx.inflight.values())
+    agents_tr = [tr for tr in traces if tr.kind == "agent"]
+    by_agent: dict[int, "Trace"] = {}
+    for tr in agents_tr:
+        by_agent[tr.agent] = tr
+    lines = [f"agentload agent dump  run {ctx.run_id}  reason: {reason}",
+             f"written {time.strftime('%Y-%m-%d %H:%M:%S')}"
+             + (f"  elapsed {(now - t0_ns) / 1e9:.1f} s" if t0_ns else "")
+             + (f"  stopping ({ctx.stop_reason})" if ctx.stopping else "")]
+    try:
+        pool = ctx.transport.pool_state()
+        lines.append("pool: " + " ".join(f"{k} {v}" for k, v in pool.items()))
+    except Exception as e:  # the dump must never fail because of the pool's internals
+        lines.append(f"pool: unavailable ({e.__class__.__name__})")
+    phases = Counter(tr.phase() for tr in agents_tr)
+    stalled = Counter((tr.round, tr.stalled_phase) for tr in agents_tr if tr.stalled_phase)
+    lines.append(f"in flight: {len(agents_tr)}" + (" (" + ", ".join(f"{p} {n}" for p, n in sorted(phases.items()))
+                                                   + ")" if phases else ""))
+    lines.append(f"stalled: {sum(stalled.values())}" + (
+        " (" + ", ".join(f"round {r} {p} {n}" for (r, p), n in sorted(stalled.items())) + ")" if stalled else ""))
+    if agents_tr:
+        o = min(agents_tr, key=lambda tr: tr.t.get("start", now))
+        lines.append(f"oldest in flight: agent {o.agent} round {o.round} {o.phase()} "
+                     f"{(now - o.t.get('start', now)) / 1e9:.1f} s  {o.request_id}")
+    states = Counter(st.state for st in ctx.agent_states.values())
+    lines.append("agents: " + ", ".join(f"{k} {n}" for k, n in sorted(states.items())))
+    lines.append("counts: " + " ".join(f"{k} {v}" for k, v in ctx.counts.items()))
+    lines.append("")
+    header = (f"{'agent':>6} {'round':>5} {'state':<9} {'phase':<9} {'in_phase_s':>10} {'idle_s':>8} "
+              f"{'stalled':<9} {'conn':<6} {'rounds_ok':>9}  request_id")
+    lines.append(header)
+    for agent in sorted(ctx.agent_states):
+        st = ctx.agent_states[agent]
+        tr = st.trace if st.trace is not None else by_agent.get(agent)
+        if st.state == "request" and tr is not None:
+            phase = tr.phase()
+            in_phase = (now - phase_since(tr)) / 1e9
+            idle = f"{(now - tr.progress_ns()) / 1e9:8.3f}"
+            rid = tr.request_id
+            stall = tr.stalled_phase or "-"
+        else:
+            phase, in_phase, idle, rid, stall = "-", (now - st.since) / 1e9, f"{'-':>8}", "-", "-"
+        lines.append(f"{agent:>6} {st.round:>5} {st.state:<9} {phase:<9} {in_phase:>10.3f} {idle} "
+                     f"{stall:<9} {_conn(tr if st.state == 'request' else None):<6} {st.rounds_completed:>9}  {rid}")
+    canaries = [tr for tr in traces if tr.kind == "canary"]
+    if canaries:
+        lines.append("")
+        lines.append("canaries in flight:")
+        for tr in canaries:
+            lines.append(f"  {tr.request_id} {tr.phase()} {(now - tr.t.get('start', now)) / 1e9:.3f} s "
+                         f"conn {_conn(tr)}" + (f" stalled in {tr.stalled_phase}" if tr.stalled_phase else ""))
+    return "\n".join(lines) + "\n"
+
+
+def dump_path(out_dir: Path) -> Path:
+    t = time.time()
+    stem = f"dump-{time.strftime('%Y%m%d-%H%M%S', time.localtime(t))}-{int(t * 1000) % 1000:03d}"
+    path = Path(out_dir) / f"{stem}.txt"
+    n = 1
+    while path.exists():
+        n += 1
+        path = Path(out_dir) / f"{stem}-{n}.txt"
+    return path
+
+
+def write_dump(ctx: "RunContext", out_dir: Path, reason: str, t0_ns: int | None = None) -> Path:
+    path = dump_path(out_dir)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(format_dump(ctx, reason, t0_ns=t0_ns), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def on_sigusr1(ctx: "RunContext", out_dir: Path, t0_ns: int | None = None,
+               log: Callable[[str], None] = _stderr) -> Path | None:
+    """The SIGUSR1 handler (installed with loop.add_signal_handler, so it runs on the loop)."""
+    try:
+        path = write_dump(ctx, out_dir, "SIGUSR1", t0_ns)
+    except OSError as e:
+        log(f"agentload: could not write the agent dump: {e}")
+        return None
+    log(f"agentload: agent dump (SIGUSR1) written to {path}")
+    return path
+
+
+class StallWaves:
+    """Writes one dump per stall wave: when the stalled count goes from 0 to more than 0."""
+
+    def __init__(self, ctx: "RunContext", out_dir: Path, t0_ns: int | None = None,
+                 log: Callable[[str], None] = _stderr):
+        self.ctx = ctx
+        self.out_dir = Path(out_dir)
+        self.t0_ns = t0_ns
+        self.log = log
+        self.stalled_before = 0
+        self.waves = 0
+        self.paths: list[Path] = []
+
+    def check(self) -> Path | None:
+        stalled = [tr for tr in list(self.ctx.inflight.values()) if tr.kind == "agent" and tr.stalled_phase]
+        n = len(stalled)
+        before, self.stalled_before = self.stalled_before, n
+        if n == 0 or before > 0:
+            return None
+        self.waves += 1
+        where = Counter((tr.round, tr.stalled_phase) for tr in stalled)
+        reason = (f"stall wave {self.waves}: {n} request(s) stalled ("
+                  + ", ".join(f"round {r} {p} {c}" for (r, p), c in sorted(where.items())) + ")")
+        try:
+            path = write_dump(self.ctx, self.out_dir, reason, self.t0_ns)
+        except OSError as e:
+            self.log(f"agentload: could not write the agent dump: {e}")
+            return None
+        self.paths.append(path)
+        self.log(f"agentload: {reason}; agent dump written to {path}")
+        return path
+
+
+async def watch_stalls(ctx: "RunContext", out_dir: Path, t0_ns: int | None = None,
+                       log: Callable[[str], None] = _stderr, every_s: float = STALL_CHECK_S) -> None:
+    """Background task of a run: checks for a new stall wave every `every_s`."""
+    waves = StallWaves(ctx, out_dir, t0_ns, log)
+    while True:
+        await asyncio.sleep(every_s)
+        waves.check()

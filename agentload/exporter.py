@@ -1,0 +1,157 @@
+"""agentload's own live state in Prometheus format (`agentload run --metrics-port PORT`).
+
+Served at http://127.0.0.1:PORT/metrics by a tiny aiohttp server on the run's own event loop,
+so every scrape reads the in-flight registry consistently (no thread races) and costs
+O(agents in flight). Bound to loopback only. A soak can then sit on the same Grafana board as
+the router it tests. Families (all prefixed `agentload_`):
+
+    agents{round, phase}              agents working, by round and what they wait for
+                                      (pool_wait, connect, send, ttfb, ttft, stream, tool, waiting)
+    agents_finished{outcome}          conversations ended: done, stalled, error, cut_short
+    requests_in_flight{phase}         agent requests in flight by phase
+    requests_stalled{round, phase}    in-flight requests with no progress for stall.after_s
+    oldest_request_age_seconds        age of the oldest agent request in flight
+    requests_total{outcome}           finished requests: ok, error, stalled, cut_short
+    output_tokens_total               tokens received
+    pool_connections{state}           client pool: in_use, idle, waiters, limit, opened (total)
+    event_loop_lag_seconds            largest event-loop lag since the last sample
+    target_scrapes_total{url,result}  scrapes of [target] metrics_urls, ok / failed
+    run_info{run, scenario, arrival}  1
+plus the standard process_* metrics (RSS, fds, CPU).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Iterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from agentload.errors import UserError
+
+if TYPE_CHECKING:
+    from agentload.runner import RunContext
+
+_ACTIVE = ("waiting", "request", "tool")
+
+
+class LiveCollector:
+    def __init__(self, ctx: "RunContext", extra: dict[str, Any] | None = None):
+        self.ctx = ctx
+        self.extra = extra if extra is not None else {}  # sampler, scraper: attached by the runner
+
+    def collect(self) -> Iterator[Any]:
+        ctx = self.ctx
+        now = time.perf_counter_ns()
+        agents = GaugeMetricFamily("agentload_agents", "Agents working, by round and what they wait for",
+                                   labels=["round", "phase"])
+        by: Counter[tuple[str, str]] = Counter()
+        finished: Counter[str] = Counter(getattr(ctx, "finished", None) or {})
+        for st in list(ctx.agent_states.values()):
+            if st.state in _ACTIVE:
+                ph = st.trace.phase() if (st.state == "request" and st.trace is not None) else st.state
+                by[(str(st.round), ph)] += 1
+            else:
+                finished[st.state] += 1
+        for (rnd, ph), n in sorted(by.items()):
+            agents.add_metric([rnd, ph], n)
+        yield agents
+        fin = GaugeMetricFamily("agentload_agents_finished", "Conversations that ended, by outcome", labels=["outcome"])
+        for k in ("done", "stalled", "error", "cut_short"):
+            fin.add_metric([k], finished.get(k, 0))
+        yield fin
+
+        traces = [tr for tr in list(ctx.inflight.values()) if tr.kind == "agent"]
+        inflight = GaugeMetricFamily("agentload_requests_in_flight", "Agent requests in flight by phase", labels=["phase"])
+        for ph, n in sorted(Counter(tr.phase() for tr in traces).items()):
+            inflight.add_metric([ph], n)
+        yield inflight
+        stalled = GaugeMetricFamily("agentload_requests_stalled",
+                                    "In-flight requests with no progress for stall.after_s, by round and phase",
+                                    labels=["round", "phase"])
+        for (rnd, ph), n in sorted(Counter((str(tr.round), tr.stalled_phase) for tr in traces
+                                           if tr.stalled_phase).items()):
+            stalled.add_metric([rnd, ph], n)
+        yield stalled
+        oldest = min((tr.t.get("start", now) for tr in traces), default=now)
+        yield GaugeMetricFamily("agentload_oldest_request_age_seconds", "Age of the oldest agent request in flight",
+                                value=(now - oldest) / 1e9)
+
+        c = ctx.counts
+        req = CounterMetricFamily("agentload_requests", "Finished agent requests by outcome", labels=["outcome"])
+        for k in ("ok", "error", "stalled", "cut_short"):
+            req.add_metric([k], c.get(k, 0))
+        yield req
+        yield CounterMetricFamily("agentload_output_tokens", "Output tokens received", value=c.get("output_tokens", 0))
+
+        try:
+            pool = ctx.transport.pool_state()
+        except Exception:
+            pool = {}
+        pg = GaugeMetricFamily("agentload_pool_connections", "Client pool: connections in use, idle, waiters "
+                               "queued, the limit (0 = unlimited) and connections opened so far", labels=["state"])
+        for k in ("in_use", "idle", "waiters", "limit", "opened"):
+            if k in pool:
+                pg.add_metric([k], pool[k])
+        yield pg
+        sampler = self.extra.get("sampler")
+        if sampler is not None:
+            yield GaugeMetricFamily("agentload_event_loop_lag_seconds", "Largest event-loop lag in the current sample",
+                                    value=max(sampler.lag_ms, 0.0) / 1000.0)
+        scraper = self.extra.get("scraper")
+        if scraper is not None:
+            sc = CounterMetricFamily("agentload_target_scrapes", "Scrapes of [target] metrics_urls",
+                                     labels=["url", "result"])
+            for url, st in scraper.state().items():
+                sc.add_metric([url, "ok"], st["ok"])
+                sc.add_metric([url, "failed"], st["failed"])
+            yield sc
+        a = ctx.scenario.agents
+        yield _info(ctx.run_id, ctx.scenario.source, a.arrival)
+
+
+def _info(run: str, scenario: str, arrival: str) -> GaugeMetricFamily:
+    g = GaugeMetricFamily("agentload_run_info", "The run", labels=["run", "scenario", "arrival"])
+    g.add_metric([run, scenario, arrival], 1)
+    return g
+
+
+class Exporter:
+    """Serves the registry at 127.0.0.1:port/metrics on the running loop."""
+
+    def __init__(self, ctx: "RunContext", port: int, host: str = "127.0.0.1"):
+        self.collector = LiveCollector(ctx)
+        self.registry = CollectorRegistry()
+        self.registry.register(self.collector)
+        ProcessCollector(registry=self.registry)
+        self.host = host
+        self.port = port
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> int:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as e:
+            await self._runner.cleanup()
+            self._runner = None
+            raise UserError(f"--metrics-port {self.port}: cannot listen on {self.host}:{self.port} ({e.strerror or e})")
+        self.port = self._runner.addresses[0][1]
+        return self.port
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

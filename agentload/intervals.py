@@ -1,0 +1,89 @@
+"""HdrHistogram interval log of the run -> RUN_DIR/intervals.hlog (constant memory).
+
+Every finished agent request is added to two histograms (`e2e` and `ttft`, microseconds,
+measured from the request's intended start in an open-loop run, else from its send); every
+`every_s` seconds they are written as one tagged interval each with hdrh's HistogramLogWriter
+and reset. Memory does not grow with the run's length, and a report can rebuild the
+percentiles of any window by adding the intervals it covers
+(`agentload.report.intervals.load_intervals` / `window`). The file is in HdrHistogram's
+standard log format (v1.2, `Tag=` lines), readable by HistogramLogAnalyzer and hdrh's reader.
+Interval start times are seconds since the run's `t0_ns`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from hdrh.log import HistogramLogWriter
+
+from agentload.records import Record
+from agentload.stats import HIST_MAX_US, HIST_MIN_US, new_histogram
+
+_now = time.perf_counter_ns
+
+TAGS = ("e2e", "ttft")
+INTERVAL_S = 5.0
+
+
+def _clamp_us(ns: int) -> int:
+    return min(max(ns // 1000, HIST_MIN_US), HIST_MAX_US)
+
+
+class IntervalLog:
+    def __init__(self, path: Path, t0_ns: int, t0_unix: float, every_s: float = INTERVAL_S):
+        self.path = path
+        self.t0_ns = t0_ns
+        self.every_s = every_s
+        self.f = open(path, "w", encoding="ascii")
+        self.w = HistogramLogWriter(self.f)
+        self.w.output_log_format_version()
+        self.w.output_comment(f"[StartTime: {t0_unix:.3f} (seconds since epoch)]")
+        self.w.output_comment("[agentload: values in microseconds; tags e2e, ttft; interval max in ms;"
+                              " timestamps in seconds since the run's t0_ns]")
+        self.w.output_legend()
+        self.f.flush()
+        self.hists = {t: new_histogram() for t in TAGS}
+        self.interval_start = t0_ns
+        self.intervals = 0
+
+    def add(self, rec: Record) -> None:
+        """A RunContext listener: called once per record as it is written."""
+        if rec.kind != "agent" or rec.outcome != "ok":
+            return
+        t = rec.t
+        origin = t.get("intended") or t.get("start")
+        if origin is None:
+            return
+        end = t.get("end")
+        if end is not None:
+            self.hists["e2e"].record_value(_clamp_us(end - origin))
+        ft = t.get("first_token")
+        if ft is not None:
+            self.hists["ttft"].record_value(_clamp_us(ft - origin))
+
+    def flush(self, now_ns: int | None = None) -> None:
+        now = now_ns if now_ns is not None else _now()
+        start_ms = (self.interval_start - self.t0_ns) / 1e6
+        end_ms = max(start_ms + 0.001, (now - self.t0_ns) / 1e6)
+        for tag in TAGS:
+            h = self.hists[tag]
+            h.set_start_time_stamp(start_ms)
+            h.set_end_time_stamp(end_ms)
+            self.f.write(f"Tag={tag},")
+            self.w.output_interval_histogram(h, start_ms / 1000.0 or 1e-9, end_ms / 1000.0, max_value_unit_ratio=1000.0)
+            h.reset()
+        self.f.flush()
+        self.interval_start = now
+        self.intervals += 1
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.every_s)
+            self.flush()
+
+    def close(self) -> None:
+        if not self.f.closed:
+            self.flush()
+            self.f.close()

@@ -1,0 +1,68 @@
+"""What watches a run besides the agents: the target's metrics, the interval log, the exporter.
+
+Started by `runner.execute` before any traffic and closed after the last request:
+
+- `TargetScraper` (`[target] metrics_urls`) -> target_metrics.jsonl
+- `IntervalLog` -> intervals.hlog (HdrHistogram intervals of e2e and ttft; constant memory)
+- `Exporter` (`--metrics-port`) -> agentload's live state at 127.0.0.1:PORT/metrics
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agentload.exporter import Exporter
+from agentload.intervals import IntervalLog
+from agentload.target_metrics import TargetScraper
+
+if TYPE_CHECKING:
+    from agentload.runner import RunContext, Sampler
+
+
+@dataclass
+class Observers:
+    scraper: TargetScraper | None = None
+    intervals: IntervalLog | None = None
+    exporter: Exporter | None = None
+    _tasks: list[asyncio.Task] = field(default_factory=list)
+
+    def tasks(self) -> list[asyncio.Task]:
+        """Background tasks for the runner to cancel with its own at the end."""
+        return list(self._tasks)
+
+    async def close(self) -> None:
+        if self.exporter is not None:
+            await self.exporter.stop()
+        if self.scraper is not None:
+            self.scraper.close()
+        if self.intervals is not None:
+            self.intervals.close()
+
+
+async def start_observers(ctx: "RunContext", sampler: "Sampler", out_dir: Path, meta: dict[str, Any],
+                          metrics_port: int | None) -> Observers:
+    obs = Observers()
+    if metrics_port is not None:  # first: a port already in use fails the run before anything else
+        obs.exporter = Exporter(ctx, metrics_port)
+        port = await obs.exporter.start()
+        obs.exporter.collector.extra["sampler"] = sampler
+        meta["metrics_port"] = port
+        print(f"agentload: live metrics at http://127.0.0.1:{port}/metrics", file=sys.stderr, flush=True)
+    tgt = ctx.scenario.target
+    sfx = meta.get("files_suffix", "")  # one process of --workers N: its own files; worker 0 scrapes
+    if tgt.metrics_urls and meta.get("worker", 0) == 0:
+        obs.scraper = TargetScraper(tgt.metrics_urls, tgt.metrics_every_s, out_dir / "target_metrics.jsonl")
+        obs._tasks.append(asyncio.create_task(obs.scraper.run(), name="target-metrics"))
+        if obs.exporter is not None:
+            obs.exporter.collector.extra["scraper"] = obs.scraper
+        meta["target_metrics"] = "target_metrics.jsonl"
+    obs.intervals = IntervalLog(out_dir / f"intervals{sfx}.hlog", meta["t0_ns"], meta["t0_unix"])
+    ctx.listeners.append(obs.intervals.add)
+    obs._tasks.append(asyncio.create_task(obs.intervals.run(), name="intervals"))
+    meta["intervals"] = {"file": f"intervals{sfx}.hlog", "every_s": obs.intervals.every_s, "tags": ["e2e", "ttft"],
+                         "unit": "us"}
+    return obs

@@ -1,0 +1,312 @@
+"""`agentload run --workers N`: the agents of one run in N processes, one report.
+
+Each worker is a process of its own (`python -m agentload.workers`), with its own event loop
+and its own client pool: the `[client]` pool settings (limit, limit_per_host, ...) apply per
+process, so N workers may hold N x limit connections, and the report says so. Agents are split
+deterministically: worker w runs the agents i with i % N == w (ids stay those of a single-process
+run, so every agent sends the same bytes either way; an open-loop schedule is drawn whole by
+every worker, which starts its own arrivals). Canaries run in worker 0 only; the embedded mock
+server is the parent's, one for all workers.
+
+The parent writes run.json (the run id and clock anchor every worker uses), starts the workers,
+waits until all are ready and tells them when to start (the same moment for all), forwards
+SIGINT/SIGTERM (each worker then stops as a single run does), prints a merged live line, and at
+the end merges the workers' run-wI.json into run.json. Each worker writes records-wI.jsonl,
+samples-wI.jsonl and intervals-wI.hlog; `report.rundir.load_run` reads them all, so the report,
+the histograms and the verdict cover the whole run.
+
+A worker's stdin is its lifeline: the line `GO <perf_counter_ns>` starts its agents, EOF (the
+parent is gone) stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import orjson
+
+from agentload.errors import UserError
+
+READY = "AGENTLOAD_WORKER_READY"
+_PKG_PARENT = str(Path(__file__).resolve().parents[1])
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass
+class WorkerSpec:
+    """What `runner.execute` needs to know when it runs as one worker of N."""
+
+    index: int
+    count: int
+    run_id: str
+    t0_ns: int
+    t0_unix: float
+    gate: Callable[[], Awaitable[int]] | None = None  # returns the common start (perf_counter_ns)
+
+
+def split(agents: int, workers: int) -> list[list[int]]:
+    """The deterministic split: worker w gets the agents i with i % workers == w."""
+    return [list(range(w, agents, workers)) for w in range(workers)]
+
+
+# ---------------------------------------------------------------- the parent
+
+
+def _worker_cmd(spec: dict[str, Any]) -> list[str]:
+    return [sys.executable, "-m", "agentload.workers", "--spec-json", orjson.dumps(spec).decode()]
+
+
+def _wait_ready(procs: list[subprocess.Popen], timeout_s: float) -> None:
+    pending = {p.stdout.fileno(): p for p in procs if p.stdout is not None}
+    bufs: dict[int, bytes] = {fd: b"" for fd in pending}
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as sel:
+        for fd in pending:
+            sel.register(fd, selectors.EVENT_READ)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"{len(pending)} worker(s) not ready within {timeout_s:g} s")
+            for key, _ in sel.select(timeout=min(left, 0.5)):
+                fd = key.fd
+                data = os.read(fd, 4096)
+                if not data:
+                    p = pending[fd]
+                    p.wait(timeout=5)
+                    raise RuntimeError(f"worker pid {p.pid} exited with status {p.returncode} before it was ready")
+                bufs[fd] += data
+                if READY.encode() in bufs[fd]:
+                    sel.unregister(fd)
+                    del pending[fd]
+            for fd, p in list(pending.items()):
+                if p.poll() is not None:
+                    raise RuntimeError(f"worker pid {p.pid} exited with status {p.returncode} before it was ready")
+
+
+def _last_line(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 65536))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            d = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(d, dict):
+            return d
+    return None
+
+
+def live_line(run_dir: Path, n: int, elapsed_s: float) -> str:
+    """One plain line from the workers' latest samples (the single-process live view needs the
+    in-process run state, which the parent does not have)."""
+    counts: dict[str, int] = {}
+    inflight: dict[str, int] = {}
+    stalled = 0
+    lag = 0.0
+    seen = 0
+    for w in range(n):
+        s = _last_line(run_dir / f"samples-w{w}.jsonl")
+        if s is None:
+            continue
+        seen += 1
+        for k, v in (s.get("counts") or {}).items():
+            counts[k] = counts.get(k, 0) + int(v or 0)
+        for k, v in (s.get("inflight") or {}).items():
+            inflight[k] = inflight.get(k, 0) + int(v or 0)
+        stalled += int(s.get("stalled") or 0)
+        lag = max(lag, float(s.get("loop_lag_ms") or 0.0))
+    fl = ", ".join(f"{k} {v}" for k, v in inflight.items()) or "none"
+    return (f"agentload: {elapsed_s:5.0f}s  {seen}/{n} workers  requests {counts.get('requests', 0)}  "
+            f"ok {counts.get('ok', 0)}  errors {counts.get('error', 0)}  stalled {counts.get('stalled', 0) + stalled}  "
+            f"in flight: {fl}  loop lag max {lag:.0f} ms")
+
+
+def merge_meta(meta: dict[str, Any], metas: list[dict[str, Any] | None], codes: list[int | None],
+               interrupted: bool) -> dict[str, Any]:
+    """run.json of the whole run from the workers' run-wI.json."""
+    got = [m for m in metas if m is not None]
+    reasons = []
+    for w, (m, code) in enumerate(zip(metas, codes)):
+        if m is None or not m.get("ended"):
+            reasons.append(f"worker {w} did not end its run (exit status {code})")
+        elif code not in (0, None):
+            reasons.append(f"worker {w} exited with status {code}")
+    stop = next((m.get("stop_reason") for m in got if m.get("stop_reason") not in (None, "all agents finished")),
+                None) or (got[0].get("stop_reason") if got else None)
+    meta.update({
+        "ended": True,
+        "ended_normally": not interrupted and not reasons and all(m.get("ended_normally") for m in got),
+        "cut_short": interrupted or bool(reasons) or any(m.get("cut_short") for m in got),
+        "stop_reason": "; ".join(reasons + ([stop] if stop else [])) or None,
+        "t_end_ns": max([m.get("t_end_ns") or 0 for m in got] or [0]) or None,
+        "t_end_unix": max([m.get("t_end_unix") or 0 for m in got] or [0]) or None,
+        "records": sum(m.get("records") or 0 for m in got),
+        "max_loop_lag_ms": max([m.get("max_loop_lag_ms") or 0.0 for m in got] or [0.0]),
+        "workers": len(metas),
+        "worker_runs": [{"worker": w, "pid": (m or {}).get("pid"), "exit": code, "records": (m or {}).get("records"),
+                         "max_loop_lag_ms": (m or {}).get("max_loop_lag_ms"), "stop_reason": (m or {}).get("stop_reason")}
+                        for w, (m, code) in enumerate(zip(metas, codes))],
+    })
+    for key in ("intervals", "target_metrics"):
+        for m in got:
+            if key in m and key not in meta:
+                meta[key] = m[key]
+    return meta
+
+
+def run_workers(sc: Any, run_dir: Path, base_url: str, n: int, *, embedded_mock: bool,
+                install_signals: bool = True, live: bool = False,
+                log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> Any:
+    """Run the scenario in `n` worker processes into run_dir; returns a runner.RunOutcome."""
+    from agentload.runner import RunOutcome, _write_json, run_metadata
+
+    if n < 1:
+        raise UserError(f"--workers: expected a whole number >= 1, got {n}")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_id = secrets.token_hex(4)
+    meta = run_metadata(sc, run_id, base_url, embedded_mock)
+    meta["workers"] = n
+    meta["agents_per_worker"] = [len(a) for a in split(sc.agents.count, n)]
+    _write_json(run_dir / "run.json", meta)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)
+    procs: list[subprocess.Popen] = []
+    interrupts = 0
+    old: dict[int, Any] = {}
+
+    def forward(signum: int, frame: Any) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    p.send_signal(signum)
+                except OSError:
+                    pass
+
+    try:
+        if install_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                old[sig] = signal.signal(sig, forward)
+        for w in range(n):
+            spec = {"scenario": sc.to_dict(), "source": sc.source, "base_url": base_url, "out_dir": str(run_dir),
+                    "embedded_mock": embedded_mock, "index": w, "count": n, "run_id": run_id,
+                    "t0_ns": meta["t0_ns"], "t0_unix": meta["t0_unix"]}
+            # Own session: a Ctrl-C reaches the parent only, which forwards it once to each worker.
+            procs.append(subprocess.Popen(_worker_cmd(spec), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          env=env, start_new_session=True))
+        _wait_ready(procs, READY_TIMEOUT_S)
+        start = time.perf_counter_ns()
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write(f"GO {start}\n".encode())
+            p.stdin.flush()
+        t0 = time.monotonic()
+        next_live = t0 + 1.0
+        while any(p.poll() is None for p in procs):
+            time.sleep(0.05)
+            if live and time.monotonic() >= next_live:
+                next_live += 1.0
+                log(live_line(run_dir, n, time.monotonic() - t0))
+    except BaseException:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        raise
+    finally:
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+            for f in (p.stdin, p.stdout):
+                if f is not None:
+                    try:
+                        f.close()
+                    except OSError:
+                        pass
+        for sig, h in old.items():
+            signal.signal(sig, h)
+    metas: list[dict[str, Any] | None] = []
+    for w in range(n):
+        try:
+            metas.append(orjson.loads((run_dir / f"run-w{w}.json").read_bytes()))
+        except (OSError, orjson.JSONDecodeError):
+            metas.append(None)
+    merge_meta(meta, metas, [p.returncode for p in procs], interrupts > 0)
+    _write_json(run_dir / "run.json", meta)
+    return RunOutcome(run_dir, run_id, bool(meta["cut_short"]), meta.get("stop_reason"), interrupts > 0)
+
+
+# ---------------------------------------------------------------- a worker
+
+
+async def _worker(spec: dict[str, Any]) -> int:
+    from agentload.runner import execute
+    from agentload.scenario import parse_scenario
+
+    sc = parse_scenario(spec["scenario"], spec["source"])
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+
+    async def lifeline() -> None:
+        await reader.read()  # EOF: the parent is gone; stop as on SIGTERM (twice: now)
+        for _ in range(2):
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(1.0)
+
+    watcher: asyncio.Task | None = None
+
+    async def gate() -> int:
+        nonlocal watcher
+        sys.stdout.write(READY + "\n")
+        sys.stdout.flush()
+        line = await reader.readline()
+        if not line.startswith(b"GO "):
+            raise SystemExit(3)  # the parent went away before the start
+        watcher = asyncio.create_task(lifeline())
+        return int(line.split()[1])
+
+    ws = WorkerSpec(spec["index"], spec["count"], spec["run_id"], spec["t0_ns"], spec["t0_unix"], gate)
+    try:
+        await execute(sc, Path(spec["out_dir"]), spec["base_url"], embedded_mock=spec["embedded_mock"],
+                      install_signals=True, worker=ws)
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m agentload.workers", description="one worker of agentload run --workers N")
+    ap.add_argument("--spec-json", required=True)
+    a = ap.parse_args(argv)
+    spec = orjson.loads(a.spec_json)
+    from agentload.launch import use_uvloop
+
+    use_uvloop()
+    return asyncio.run(_worker(spec))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""agentload as the benchmark's client: the scenario `bench/bench.toml`, run in this process.
+
+It calls the same `execute()` that `agentload run` calls (uvloop, every phase traced, one record
+written per request, watchdog, sampler and stall dumps running), measuring wall and CPU time
+around it; the reports are built after the measured window. With `--workers N` it runs
+`agentload run --workers N`'s code path instead and counts the CPU of the worker processes.
+
+Prints one JSON line like bench/baseline.py, plus the verdict of the run.
+
+    python -m bench.agentload_client --url http://127.0.0.1:PORT/v1 --concurrency 64 --requests 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+HERE = Path(__file__).resolve().parent
+SCENARIO = HERE / "bench.toml"
+
+
+def scenario_overrides(url: str | None, concurrency: int, rounds: int, extra: list[str]) -> list[str]:
+    sets = [f"agents.count={concurrency}", f"agents.rounds={rounds}", f"client.limit={max(concurrency, 1)}"]
+    if url:
+        sets.append(f'target.endpoint="{url}"')
+    return sets + list(extra)
+
+
+def mean_body_bytes(concurrency: int, rounds: int, extra: list[str]) -> int:
+    """The mean request body agentload will send (its conversations grow), for the baseline."""
+    from agentload.agent import agent_rng
+    from agentload.conversation import Conversation
+    from agentload.scenario import load_scenario
+
+    sc = load_scenario(str(SCENARIO), scenario_overrides(None, concurrency, rounds, extra))
+    sizes = []
+    for agent in range(min(concurrency, 8)):
+        conv = Conversation(sc.conversation, sc.target.model, agent_rng(sc.agents.seed, agent), agent)
+        for rnd in range(1, rounds + 1):
+            sizes.append(len(conv.body()))
+            conv.append(conv.scripted_assistant(rnd))
+            for m in conv.tool_results(conv.messages[-1]):
+                conv.append(m)
+            conv.next_user_turn()
+    return int(sum(sizes) / len(sizes))
+
+
+def ablate(names: list[str]) -> None:
+    """Turn optimisations off in this process, to measure each one's effect (before/after)."""
+    for name in names:
+        if name == "sink":  # read bodies with `await readany()` instead of the protocol callback
+            import agentload.request as rq
+
+            async def no_sink(content, feed, protocol=None, last_byte_ns=None) -> bool:
+                return False
+
+            rq.read_body = no_sink
+        elif name == "idle":  # keep aiohttp's sock_read timer, re-armed on every read
+            import agentload.request as rq
+
+            fast = rq.read_body
+
+            async def no_idle(content, feed, protocol=None, last_byte_ns=None) -> bool:
+                return await fast(content, feed)
+
+            rq.read_body = no_idle
+        else:
+            raise SystemExit(f"--ablate: unknown optimisation {name!r}")
+
+
+def _usage() -> float:
+    s = resource.getrusage(resource.RUSAGE_SELF)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def run(url: str, concurrency: int, rounds: int, out: Path, extra: list[str], workers: int = 1,
+        live: bool = False) -> dict:
+    from agentload.launch import use_uvloop
+    from agentload.report.rundir import load_run
+    from agentload.report.summary import build_summary
+    from agentload.runner import execute
+    from agentload.scenario import load_scenario
+
+    sc = load_scenario(str(SCENARIO), scenario_overrides(url, concurrency, rounds, extra))
+    use_uvloop()
+    cpu0 = _usage()
+    t0 = time.perf_counter()
+    if workers > 1:
+        from agentload.workers import run_workers
+
+        run_workers(sc, out, url, workers, embedded_mock=False, install_signals=False)
+    else:
+        asyncio.run(execute(sc, out, url, embedded_mock=False, install_signals=False))
+    wall = time.perf_counter() - t0
+    cpu = _usage() - cpu0
+    rss_run = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                  resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    data = load_run(out)
+    recs = [r for r in data.records if r.kind == "agent"]
+    summary = build_summary(data)
+    errors_ns = [r.t["first_token"] - r.server_first_token_ns for r in recs
+                 if r.server_first_token_ns is not None and "first_token" in r.t]
+    ok = [r for r in recs if r.outcome == "ok"]
+    return {"client": "agentload" + (f" --workers {workers}" if workers > 1 else ""),
+            "requests": len(ok), "chunks": sum(r.chunks for r in ok), "wall_s": wall, "cpu_s": cpu,
+            "rss_kb": rss_run, "rss_after_report_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            "errors_ns": errors_ns, "failed": len(recs) - len(ok),
+            "verdict": summary["verdict"]["kind"], "verdict_summary": summary["verdict"]["summary"],
+            "max_loop_lag_ms": data.meta.get("max_loop_lag_ms"), "run_dir": str(out)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.agentload_client")
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--concurrency", type=int, default=64, help="agents")
+    ap.add_argument("--requests", type=int, default=20, help="rounds per agent")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=None, help="run folder (default: a temporary one)")
+    ap.add_argument("--set", dest="sets", action="append", default=[], help="extra scenario override")
+    ap.add_argument("--ablate", action="append", default=[], help="turn an optimisation off: sink, idle")
+    a = ap.parse_args(argv)
+    ablate(a.ablate)
+    if a.out is None:
+        with tempfile.TemporaryDirectory(prefix="agentload-bench-") as d:
+            res = run(a.url, a.concurrency, a.requests, Path(d) / "run", a.sets, a.workers)
+    else:
+        res = run(a.url, a.concurrency, a.requests, a.out, a.sets, a.workers)
+    sys.stdout.buffer.write(orjson.dumps(res) + b"\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The baseline: a plain aiohttp (+uvloop) closed loop, as little as a streaming client can do.
+
+`--concurrency` workers share one ClientSession (pool limit = concurrency); each sends
+`--requests` POSTs one after the other and reads each SSE body with `readany()` to the end.
+
+`--parse json` (the baseline): events are split from each read and every data payload is
+parsed with orjson; the first token is the first chunk whose delta has content, and the
+server's `mock_sent_ns` is read from it. That is the least a client can do that tells a token
+from a role-only chunk, i.e. that can measure time to first token at all.
+
+`--parse none` (the floor): per read it only counts events (`data.count(b"\\n\\n")`) and finds
+the first token by the server's stamp in the bytes, no JSON parsing: what the event loop and
+aiohttp cost on their own.
+
+agentload, which parses every chunk, stamps every phase and writes a record per request, is
+measured against both.
+
+Prints one JSON line: requests, chunks, wall and CPU seconds of the load window, peak RSS,
+and the timing errors (first-token read - server send, ns) of every request.
+
+    python -m bench.baseline --url http://127.0.0.1:PORT/v1 --concurrency 64 --requests 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import sys
+import time
+
+import aiohttp
+import orjson
+
+_now = time.perf_counter_ns
+_STAMP = b'"mock_sent_ns":'
+
+
+def body_of(size: int) -> bytes:
+    """A chat request of about `size` bytes (the server does not parse it)."""
+    base = {"model": "bench", "max_tokens": 32, "stream": True, "stream_options": {"include_usage": True},
+            "messages": [{"role": "system", "content": ""}, {"role": "user", "content": "hello"}]}
+    pad = max(0, size - len(orjson.dumps(base)))
+    base["messages"][0]["content"] = ("lorem ipsum " * (pad // 12 + 1))[:pad]
+    return orjson.dumps(base)
+
+
+async def worker_json(session: aiohttp.ClientSession, url: str, body: bytes, n: int, errors_ns: list[int],
+                      totals: list[int]) -> None:
+    loads = orjson.loads
+    for _ in range(n):
+        async with session.post(url, data=body) as resp:
+            content = resp.content
+            chunks = 0
+            first = 0
+            stamp = 0
+            rest = b""
+            while True:
+                data = await content.readany()
+                if not data:
+                    break
+                now = _now()
+                events = (rest + data).split(b"\n\n") if rest else data.split(b"\n\n")
+                rest = events.pop()
+                for ev in events:
+                    if not ev.startswith(b"data: "):
+                        continue
+                    chunks += 1
+                    payload = ev[6:]
+                    if payload == b"[DONE]":
+                        continue
+                    obj = loads(payload)
+                    if not first:
+                        choices = obj.get("choices")
+                        if choices and (choices[0].get("delta") or {}).get("content"):
+                            first = now
+                            stamp = obj.get("mock_sent_ns") or 0
+        totals[0] += 1
+        totals[1] += chunks
+        if first and stamp:
+            errors_ns.append(first - stamp)
+
+
+async def worker(session: aiohttp.ClientSession, url: str, body: bytes, n: int, errors_ns: list[int],
+                 totals: list[int]) -> None:
+    for _ in range(n):
+        async with session.post(url, data=body) as resp:
+            content = resp.content
+            chunks = 0
+            first = 0
+            stamp = 0
+            while True:
+                data = await content.readany()
+                if not data:
+                    break
+                if not first:
+                    i = data.find(_STAMP)
+                    if i >= 0:
+                        first = _now()
+                        j = i + len(_STAMP)
+                        k = data.find(b",", j)
+                        stamp = int(data[j:k])
+                chunks += data.count(b"\n\n")
+        totals[0] += 1
+        totals[1] += chunks
+        if first and stamp:
+            errors_ns.append(first - stamp)
+
+
+async def main_async(url: str, concurrency: int, requests: int, body_bytes: int, parse: str = "json") -> dict:
+    body = body_of(body_bytes)
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=300, sock_read=60)
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout,
+                                     headers={"Content-Type": "application/json"}) as session:
+        errors_ns: list[int] = []
+        totals = [0, 0]
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.perf_counter()
+        fn = worker_json if parse == "json" else worker
+        await asyncio.gather(*(fn(session, url.rstrip("/") + "/chat/completions", body, requests, errors_ns,
+                                  totals) for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return {"client": "baseline" if parse == "json" else "floor", "requests": totals[0], "chunks": totals[1], "wall_s": wall, "cpu_s": cpu,
+            "rss_kb": r1.ru_maxrss, "errors_ns": errors_ns, "failed": concurrency * requests - totals[0]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.baseline")
+    ap.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8000/v1")
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=20, help="per worker")
+    ap.add_argument("--body-bytes", type=int, default=2000)
+    ap.add_argument("--parse", choices=("json", "none"), default="json",
+                    help="json: parse every chunk (the baseline); none: count bytes only (the floor)")
+    ap.add_argument("--no-uvloop", action="store_true")
+    a = ap.parse_args(argv)
+    coro = main_async(a.url, a.concurrency, a.requests, a.body_bytes, a.parse)
+    if a.no_uvloop:
+        out = asyncio.run(coro)
+    else:
+        import uvloop
+
+        out = uvloop.run(coro)
+    sys.stdout.buffer.write(orjson.dumps(out) + b"\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""The benchmark: agentload against a raw aiohttp+uvloop closed loop, on the same fast server.
+
+    python -m bench.run                 # the table (about a minute)
+    python -m bench.run --scale         # also 10,000 agents x 20 rounds in one process (minutes)
+    python -m bench.run --workers 2     # also an agentload row with --workers 2
+    python -m bench.run --peers         # also guidellm / aiperf / inference-perf where installed
+
+What it does, for each row:
+- starts `bench/server.py` (a minimal uvloop HTTP/1.1 SSE server: 50 ms to the first token, then
+  32 token chunks, one write each 5 ms apart, or all at once in the `burst` rows), pinned with
+  `taskset` to core 0 where `taskset` exists and the machine has 2+ cores;
+- runs the baseline `bench/baseline.py` (aiohttp + uvloop, `readany()`, no JSON parsing) and then
+  agentload (`bench/agentload_client.py`: scenario `bench/bench.toml`, scripted, tool latency 0,
+  canaries off; every phase traced, one record per request) on the same settings, each pinned to
+  core 1, each for `concurrency x --rounds` requests;
+- prints requests/s and chunks/s (over the client's load window), the client's CPU % of one core
+  (user + system over the same window), the same rates per fully used core, peak RSS, and the
+  ratio agentload / baseline of requests/s per core;
+- timing error: for every request, the client's first-token stamp minus the server's own send
+  stamp `mock_sent_ns` (both `time.perf_counter_ns()`, CLOCK_MONOTONIC on one host), p50/p99.
+
+No speed threshold is asserted anywhere: the numbers are printed, the README keeps a measured table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import selectors
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+READY = "BENCH_SERVER_LISTENING"
+
+
+def cpus() -> tuple[str | None, str | None]:
+    """taskset CPU lists for the server and the client, or None where pinning is not possible."""
+    n = os.cpu_count() or 1
+    if n < 2 or shutil.which("taskset") is None:
+        return None, None
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        allowed = list(range(n))
+    if len(allowed) < 2:
+        return None, None
+    return str(allowed[0]), ",".join(str(c) for c in allowed[1:])
+
+
+def _pinned(cmd: list[str], cpu: str | None) -> list[str]:
+    return (["taskset", "-c", cpu] + cmd) if cpu is not None else cmd
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+class Server:
+    """bench/server.py as a child process; its stdin is a lifeline (EOF: it exits)."""
+
+    def __init__(self, cpu: str | None, ttft_ms: float, chunks: int, interval_ms: float, timeout_s: float = 15.0):
+        cmd = _pinned([sys.executable, "-m", "bench.server", "--port", "0", "--ttft-ms", str(ttft_ms),
+                       "--chunks", str(chunks), "--interval-ms", str(interval_ms)], cpu)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env=_env(), cwd=REPO)
+        self.port = self._ready(timeout_s)
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.ps = psutil.Process(self.proc.pid)
+
+    def cpu_s(self) -> float:
+        t = self.ps.cpu_times()
+        return t.user + t.system
+
+    def _ready(self, timeout_s: float) -> int:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        buf = b""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if not sel.select(timeout=0.2):
+                    if self.proc.poll() is not None:
+                        break
+                    continue
+                data = os.read(self.proc.stdout.fileno(), 4096)
+                if not data:
+                    break
+                buf += data
+                for line in buf.decode(errors="replace").splitlines():
+                    if line.startswith(READY + " port="):
+                        return int(line.split("port=")[1])
+        self.stop()
+        raise RuntimeError("bench server did not start")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        for s in (self.proc.stdin, self.proc.stdout):
+            if s is not None:
+                s.close()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def client(module: str, args: list[str], cpu: str | None, timeout_s: float, server: Server) -> dict[str, Any]:
+    cmd = _pinned([sys.executable, "-m", module, *args], cpu)
+    s0, t0 = server.cpu_s(), time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, env=_env(), cwd=REPO, timeout=timeout_s)
+    s1, t1 = server.cpu_s(), time.perf_counter()
+    if p.returncode != 0:
+        raise RuntimeError(f"{module} failed ({p.returncode}): {p.stderr.decode(errors='replace')[-2000:]}")
+    res = orjson.loads(p.stdout.strip().splitlines()[-1])
+    # the server's CPU over the client's whole process lifetime (its load window is a bit shorter)
+    res["server_cpu"] = (s1 - s0) / max(t1 - t0, 1e-9)
+    return res
+
+
+def pct(values: list[int], q: float) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    return float(v[min(len(v) - 1, int(q * len(v)))])
+
+
+@dataclass
+class Row:
+    mode: str
+    concurrency: int
+    res: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.res["client"]
+
+    @property
+    def rps(self) -> float:
+        return self.res["requests"] / self.res["wall_s"]
+
+    @property
+    def cps(self) -> float:
+        return self.res["chunks"] / self.res["wall_s"]
+
+    @property
+    def cpu(self) -> float:
+        return self.res["cpu_s"] / self.res["wall_s"]
+
+    @property
+    def rps_core(self) -> float:
+        return self.res["requests"] / max(self.res["cpu_s"], 1e-9)
+
+    @property
+    def cps_core(self) -> float:
+        return self.res["chunks"] / max(self.res["cpu_s"], 1e-9)
+
+    def err_ms(self, q: float) -> float | None:
+        v = pct(self.res.get("errors_ns") or [], q)
+        return None if v is None else v / 1e6
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.res.items() if k != "errors_ns"}
+        d.update(mode=self.mode, concurrency=self.concurrency, req_s=self.rps, chunks_s=self.cps, cpu=self.cpu,
+                 req_s_per_core=self.rps_core, chunks_s_per_core=self.cps_core,
+                 err_p50_ms=self.err_ms(0.5), err_p99_ms=self.err_ms(0.99))
+        return d
+
+
+def _f(v: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def render(rows: list[Row]) -> str:
+    head = ("mode", "conc", "client", "req/s", "chunks/s", "CPU %", "server CPU %", "req/s/core", "chunks/s/core", "RSS MB",
+            "ttft err p50/p99 ms", "ratio/core")
+    lines = [head]
+    base: dict[tuple[str, int], Row] = {}
+    for r in rows:
+        if r.name == "baseline":
+            base[(r.mode, r.concurrency)] = r
+        b = base.get((r.mode, r.concurrency))
+        ratio = f"{r.rps_core / b.rps_core:.2f}" if (b is not None and r is not b) else ""
+        lines.append((r.mode, str(r.concurrency), r.name, f"{r.rps:,.0f}", f"{r.cps:,.0f}", f"{100 * r.cpu:.0f}",
+                      f"{100 * r.res.get('server_cpu', 0):.0f}",
+                      f"{r.rps_core:,.0f}", f"{r.cps_core:,.0f}", f"{r.res['rss_kb'] / 1024:.0f}",
+                      f"{_f(r.err_ms(0.5))} / {_f(r.err_ms(0.99))}", ratio))
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    out = []
+    for k, row in enumerate(lines):
+        out.append("  ".join(c.rjust(w) if i not in (0, 2) else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        if k == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def machine() -> str:
+    model = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import aiohttp
+
+    try:
+        import uvloop
+
+        uv = uvloop.__version__
+    except ImportError:
+        uv = "none"
+    return (f"{os.cpu_count()} CPUs, {model or 'unknown CPU'}; Python {platform.python_version()}, "
+            f"aiohttp {aiohttp.__version__}, uvloop {uv}; {platform.platform()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.run", description="agentload vs a raw aiohttp+uvloop loop")
+    ap.add_argument("--rounds", type=int, default=20, help="requests per agent / per baseline worker")
+    ap.add_argument("--paced", default="8,64,256", help="concurrencies of the paced rows (one write per chunk, 5 ms apart)")
+    ap.add_argument("--burst", default="64", help="concurrencies of the burst rows (all chunks in one write); '' for none")
+    ap.add_argument("--ttft-ms", type=float, default=50.0)
+    ap.add_argument("--chunks", type=int, default=32)
+    ap.add_argument("--interval-ms", type=float, default=5.0)
+    ap.add_argument("--workers", type=int, default=0, help="also run agentload --workers N (rows marked so)")
+    ap.add_argument("--only", choices=("baseline", "agentload"), default=None, help="run one client only")
+    ap.add_argument("--scale", action="store_true", help="also the 10,000-agent run (minutes)")
+    ap.add_argument("--scale-agents", type=int, default=10_000)
+    ap.add_argument("--scale-rounds", type=int, default=20)
+    ap.add_argument("--scale-rate", type=float, default=400.0, help="target requests/s of the scale run (sets the tool latency)")
+    ap.add_argument("--scale-bound-ms", type=float, default=10.0, help="p99 timing error the scale run must stay under")
+    ap.add_argument("--peers", action="store_true", help="also run guidellm/aiperf/inference-perf where installed")
+    ap.add_argument("--json", type=Path, default=None, help="write every figure to this file")
+    a = ap.parse_args(argv)
+
+    from bench.agentload_client import mean_body_bytes
+
+    srv_cpu, cli_cpu = cpus()
+    print(f"machine: {machine()}", flush=True)
+    print(f"server on CPU {srv_cpu or '(not pinned)'}, clients on CPU {cli_cpu or '(not pinned)'}; "
+          f"{a.ttft_ms:g} ms to first token, {a.chunks} token chunks, "
+          f"{'one write per chunk ' + format(a.interval_ms, 'g') + ' ms apart' if a.interval_ms else 'all at once'} "
+          f"(paced rows) or all at once (burst rows); {a.rounds} requests per agent", flush=True)
+    rows: list[Row] = []
+    plan = [("paced", int(c), a.interval_ms) for c in a.paced.split(",") if c.strip()]
+    plan += [("burst", int(c), 0.0) for c in a.burst.split(",") if c.strip()]
+    for mode, conc, interval in plan:
+        body = mean_body_bytes(conc, a.rounds, [])
+        budget = 120 + 2 * a.rounds * conc * (a.ttft_ms + a.chunks * interval) / 1000.0
+        with Server(srv_cpu, a.ttft_ms, a.chunks, interval) as srv:
+            common = ["--url", srv.url, "--concurrency", str(conc), "--requests", str(a.rounds)]
+            if a.only in (None, "baseline"):
+                rows.append(Row(mode, conc, client("bench.baseline", common + ["--body-bytes", str(body)], cli_cpu, budget,
+                                                   srv)))
+                print(render(rows[-1:]).splitlines()[-1], flush=True)
+            if a.only in (None, "agentload"):
+                rows.append(Row(mode, conc, client("bench.agentload_client", common, cli_cpu, budget, srv)))
+                print(render(rows[-1:]).splitlines()[-1], flush=True)
+            if a.workers > 1:
+                # the workers share the client CPUs (on a 2-core machine: one core, so no speed-up)
+                rows.append(Row(mode, conc, client("bench.agentload_client", common + ["--workers", str(a.workers)],
+                                                   cli_cpu, budget, srv)))
+                print(render(rows[-1:]).splitlines()[-1], flush=True)
+    print()
+    print(render(rows))
+    scale = None
+    if a.scale:
+        from bench.scale import run_scale
+
+        scale = run_scale(a, srv_cpu, cli_cpu)
+    peers = None
+    if a.peers:
+        from bench.peers import run_peers
+
+        peers = run_peers(a, srv_cpu, cli_cpu)
+    if a.json:
+        a.json.write_bytes(orjson.dumps({"machine": machine(), "rows": [r.as_dict() for r in rows],
+                                         "scale": scale, "peers": peers}, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""The body read path (agentload.body_sink) and the timing-error measurement.
+
+- The sink path (body blocks handed to the SSE decoder from aiohttp's protocol callback) gives
+  the same result as the general `readany()` loop, over real HTTP against the mock, for every
+  stream shape and fault the mock has; read and total timeouts behave the same on both.
+- The server's own first-token stamp (`mock_sent_ns`) is joined into the record as
+  `server_first_token_ns`; the timing error (client first token - server send) is non-negative
+  and lies inside the request, on the same CLOCK_MONOTONIC. No wall-clock thresholds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import orjson
+import pytest
+
+import agentload.request as rq
+from agentload.mock import MockConfig, MockProcess
+from agentload.records import Record, Trace, load_records
+from agentload.transport import Transport
+from agentload.scenario import ClientConfig, TargetConfig
+
+from helpers import run_scenario
+
+BODY = orjson.dumps({"model": "mock-model", "stream": True, "max_tokens": 16, "stream_options": {"include_usage": True},
+                     "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {
+                         "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}],
+                     "messages": [{"role": "user", "content": "hello " * 30}]})
+PLAIN = orjson.dumps({"model": "mock-model", "stream": True, "max_tokens": 16,
+                      "messages": [{"role": "user", "content": "hello " * 30}]})
+
+
+async def _no_sink(content, feed, protocol=None, last_byte_ns=None) -> bool:
+    return False
+
+
+async def _send(url: str, body: bytes, client: ClientConfig, sink: bool, monkeypatch) -> tuple[rq.Result, Trace]:
+    if not sink:
+        monkeypatch.setattr(rq, "read_body", _no_sink)
+    else:
+        monkeypatch.undo()
+    tr = Transport(client, TargetConfig(), url)
+    session = tr.session_for(0)
+    trace = Trace("agent", 0, 1, 0, "test-a0-r1-c0", 1, len(body), 10)
+    try:
+        try:
+            res = await asyncio.wait_for(rq.send(session, tr.url, body, trace), 20)
+        except Exception as e:  # as agent.attempt does
+            err, msg = rq.classify_exception(e)
+            res = rq.Result(None, None, err, msg)
+    finally:
+        await tr.close()
+    return res, trace
+
+
+def _shape(res: rq.Result, trace: Trace) -> dict:
+    cs = res.stream
+    return {"status": res.status, "error": res.error, "chunks": trace.chunks, "token_chunks": trace.token_chunks,
+            "comments": trace.comments, "bytes_in": trace.bytes_in, "first_token": "first_token" in trace.t,
+            "content": cs.content if cs else None, "tool_calls": cs.tool_calls if cs else None,
+            "finish": cs.finish_reason if cs else None, "usage": cs.usage if cs else None,
+            "done": cs.done if cs else None}
+
+
+MOCKS = {
+    "vllm-paced": dict(decode_tokens_per_s=2000, output_tokens=12),
+    "sglang-burst": dict(style="sglang", decode_tokens_per_s=0, output_tokens=12),
+    "tool-calls": dict(decode_tokens_per_s=0, tool_calls_per_response=2),
+    "pings-mid-stream": dict(decode_tokens_per_s=0, output_tokens=8, ping_while_stalled_s=0.05,
+                             stall_mid_stream={"after_tokens": 3, "for_s": 0.3}),
+    "chunked-many": dict(decode_tokens_per_s=0, output_tokens=200, chunk_tokens=1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MOCKS))
+async def test_sink_path_reads_the_same_as_readany(name, monkeypatch):
+    cfg = MOCKS[name]
+    body = BODY if name == "tool-calls" else PLAIN
+    with MockProcess.start(MockConfig(base_latency_ms=1, tool_call_rounds=0, **cfg)) as m:
+        client = ClientConfig(read_timeout_s=10, total_timeout_s=20)
+        fast, tf = await _send(m.url, body, client, True, monkeypatch)
+        slow, ts = await _send(m.url, body, client, False, monkeypatch)
+    a, b = _shape(fast, tf), _shape(slow, ts)
+    if name == "tool-calls":  # the mock draws fresh call ids per request
+        for s in (a, b):
+            for c in s["tool_calls"]:
+                c["id"] = "x"
+    if name == "pings-mid-stream":  # how many pings fit in a stall is the server's timing, not ours
+        assert a.pop("comments") > 0 and b.pop("comments") > 0
+        a.pop("bytes_in"), b.pop("bytes_in")
+    assert a == b
+    assert fast.error is None and tf.token_chunks > 0 and tf.chunks >= tf.token_chunks
+
+
+async def test_read_timeout_fires_on_both_paths_and_pings_keep_it_alive(monkeypatch):
+    stall = {"after_tokens": 2, "for_s": 3.0}
+    client = ClientConfig(read_timeout_s=0.4, total_timeout_s=20)
+    with MockProcess.start(MockConfig(base_latency_ms=1, decode_tokens_per_s=0, output_tokens=6,
+                                      stall_mid_stream=stall)) as m:
+        fast, tf = await _send(m.url, PLAIN, client, True, monkeypatch)
+        slow, ts = await _send(m.url, PLAIN, client, False, monkeypatch)
+    assert fast.error == slow.error == "read_timeout", (fast, slow)
+    assert tf.token_chunks == ts.token_chunks == 2  # what came before the silence was kept
+    with MockProcess.start(MockConfig(base_latency_ms=1, decode_tokens_per_s=0, output_tokens=6,
+                                      stall_mid_stream={"after_tokens": 2, "for_s": 1.0},
+                                      ping_while_stalled_s=0.1)) as m:
+        fast, tf = await _send(m.url, PLAIN, client, True, monkeypatch)
+    assert fast.error is None and tf.comments > 0 and tf.token_chunks == 6
+
+
+async def test_total_timeout_is_kept_on_the_sink_path(monkeypatch):
+    client = ClientConfig(read_timeout_s=10, total_timeout_s=0.5)
+    with MockProcess.start(MockConfig(base_latency_ms=1, decode_tokens_per_s=0, output_tokens=6,
+                                      stall_mid_stream={"after_tokens": 2, "for_s": 3.0},
+                                      ping_while_stalled_s=0.1)) as m:
+        fast, _ = await _send(m.url, PLAIN, client, True, monkeypatch)
+        slow, _ = await _send(m.url, PLAIN, client, False, monkeypatch)
+    assert fast.error == slow.error == "total_timeout", (fast, slow)
+
+
+async def test_connection_goes_back_to_the_pool_after_a_sink_read():
+    """Two sequential requests on one session: the second reuses the first's connection."""
+    with MockProcess.start(MockConfig(base_latency_ms=1, decode_tokens_per_s=0, output_tokens=20)) as m:
+        tr = Transport(ClientConfig(limit=1), TargetConfig(), m.url)
+        session = tr.session_for(0)
+        try:
+            traces = []
+            for i in range(3):
+                trace = Trace("agent", 0, i + 1, 0, f"t-{i}", 1, len(PLAIN), 10)
+                res = await asyncio.wait_for(rq.send(session, tr.url, PLAIN, trace), 10)
+                assert res.error is None
+                traces.append(trace)
+            assert [t.reused for t in traces] == [False, True, True]
+            assert tr.pool_state()["opened"] == 1
+        finally:
+            await tr.close()
+
+
+def test_server_stamp_parser():
+    assert rq.server_stamp(b'{"mock_sent_ns":123456,"id":"x"}') == 123456
+    assert rq.server_stamp(b'{"mock_sent_ns": 42}') == 42
+    assert rq.server_stamp(b'{"id":"x"}') is None
+    assert rq.server_stamp(b'{"mock_sent_ns":"oops"}') is None
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_timing_error_is_joined_non_negative_and_inside_the_request(tmp_path, stream):
+    res = run_scenario("demo", tmp_path, ["agents.count=4", "agents.rounds=3", "canary.every_s=0",
+                                          f"conversation.stream={'true' if stream else 'false'}",
+                                          "mock.decode_tokens_per_s=2000"])
+    assert res.summary["verdict"]["kind"] == "healthy"
+    recs = [r for r in load_records(tmp_path / "records.jsonl").records if r.kind == "agent"]
+    assert len(recs) == 12
+    for r in recs:
+        assert r.server_first_token_ns is not None, r
+        t = r.t
+        # the server can only send after the request began, and the client only see it after that
+        assert t["start"] <= r.server_first_token_ns <= t["first_token"] <= t["end"]
+        if stream:  # and after the response headers went out (they precede the first token)
+            assert r.server_first_token_ns >= t["sent"]
+
+
+def test_old_records_without_the_server_stamp_still_load(tmp_path):
+    tr = Trace("agent", 0, 1, 0, "r-a0-r1-c0", 2, 100, 25)
+    tr.t.update(start=1, end=2)
+    rec = Record.from_trace("r", tr, outcome="ok", status=200, finish_reason="stop")
+    d = orjson.loads(rec.to_json())
+    del d["server_first_token_ns"]  # a line written before the field existed
+    (tmp_path / "records.jsonl").write_bytes(orjson.dumps(d) + b"\n")
+    loaded = load_records(tmp_path / "records.jsonl")
+    assert loaded.torn_lines == 0 and loaded.records[0].server_first_token_ns is None
+    assert loaded.records[0] == rec

@@ -1,0 +1,172 @@
+"""The target's Prometheus metrics: scraping (bounded, delta-encoded), reading back, and the
+evidence the verdict draws from them. Against small local HTTP servers; no router needed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from aiohttp import web
+
+from agentload.diagnose import diagnose
+from agentload.records import Record
+from agentload.report.rundir import load_run
+from agentload.report.target_metrics import chosen_series, fig_target_metrics, load_target_metrics, parse_key
+from agentload.target_evidence import target_evidence
+from agentload.target_metrics import TargetScraper, parse_exposition, series_key
+
+PAGES = [
+    '# TYPE up gauge\nup 1\n# TYPE smg_worker_requests_active gauge\n'
+    'smg_worker_requests_active{worker="http://w1"} 0\nsmg_worker_requests_active{worker="http://w2"} 2\n',
+    '# TYPE up gauge\nup 1\n# TYPE smg_worker_requests_active gauge\n'
+    'smg_worker_requests_active{worker="http://w1"} 0\nsmg_worker_requests_active{worker="http://w2"} 5\n'
+    '# TYPE new_total counter\nnew_total 3\n',
+    '# TYPE smg_worker_requests_active gauge\n'
+    'smg_worker_requests_active{worker="http://w1"} 1\nsmg_worker_requests_active{worker="http://w2"} 5\n'
+    '# TYPE new_total counter\nnew_total 3\n',
+]
+
+
+@pytest.mark.parametrize("labels", [{}, {"a": "x"}, {"b": 'quo"te', "a": "back\\slash"}, {"n": "new\nline", "e": ""}])
+def test_series_key_round_trips(labels):
+    key = series_key("m_total", labels)
+    assert parse_key(key) == ("m_total", labels)
+    if labels:  # the same text the exposition format uses, so it parses there too
+        text = f"# TYPE m counter\n{key} 1\n"
+        assert parse_exposition(text) == {key: 1.0}
+
+
+async def _serve(handlers: dict[str, object]) -> tuple[web.AppRunner, int]:
+    app = web.Application()
+    for path, h in handlers.items():
+        app.router.add_get(path, h)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, runner.addresses[0][1]
+
+
+def test_scraper_writes_deltas_and_errors_and_the_loader_rebuilds_the_series(tmp_path):
+    served = {"n": 0}
+
+    async def metrics(request):
+        i = min(served["n"], len(PAGES) - 1)
+        served["n"] += 1
+        return web.Response(text=PAGES[i])
+
+    async def broken(request):
+        return web.Response(status=500, text="no")
+
+    async def slow(request):
+        await asyncio.sleep(30)
+        return web.Response(text="up 1\n")
+
+    async def go():
+        runner, port = await _serve({"/metrics": metrics, "/broken": broken, "/slow": slow})
+        base = f"http://127.0.0.1:{port}"
+        urls = [base + "/metrics", base + "/broken", base + "/slow"]
+        sc = TargetScraper(urls, 0.2, tmp_path / "target_metrics.jsonl")
+        task = asyncio.create_task(sc.run())
+        deadline = time.monotonic() + 30
+        while (served["n"] < len(PAGES) + 1 or sc.failed[urls[2]] < 1) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        sc.close()
+        await runner.cleanup()
+        return urls
+
+    urls = asyncio.run(go())
+    lines = [orjson.loads(l) for l in (tmp_path / "target_metrics.jsonl").read_bytes().splitlines()]
+    ok_lines = [l for l in lines if l["url"] == urls[0]]
+    assert ok_lines[0]["full"] and len(ok_lines[0]["v"]) == 3
+    assert ok_lines[1]["v"] == {"smg_worker_requests_active{worker=\"http://w2\"}": 5.0, "new_total": 3.0}
+    assert ok_lines[2]["gone"] == ["up"] and ok_lines[3]["v"] == {}
+    assert all("error" in l and "HTTP 500" in l["error"] for l in lines if l["url"] == urls[1])
+    assert all(l["error"].startswith("timeout after") for l in lines if l["url"] == urls[2])
+
+    (tmp_path / "run.json").write_bytes(orjson.dumps({"t0_ns": ok_lines[0]["t"],
+                                                      "scenario": {"target": {"metrics_urls": urls}}}))
+    tm = load_target_metrics(tmp_path)
+    assert tm.urls == urls  # in the scenario's order
+    assert tm.scrapes[urls[1]]["ok"] == 0 and tm.scrapes[urls[1]]["failed"] >= 1
+    w2 = tm.series[(urls[0], 'smg_worker_requests_active{worker="http://w2"}')]
+    assert w2.values[:2] == [2.0, 5.0] and w2.t_s[0] == 0.0
+    assert w2.labels == {"worker": "http://w2"}
+    up = tm.series[(urls[0], "up")]
+    assert up.values == [1.0, None]  # disappeared on the third scrape
+    assert tm.value_at(urls[0], 'smg_worker_requests_active{worker="http://w1"}', ok_lines[2]["t"]) == 1.0
+    assert tm.value_at(urls[0], 'smg_worker_requests_active{worker="http://w1"}', ok_lines[1]["t"]) == 0.0
+    names = {s.name for s in chosen_series(tm)}
+    assert names == {"smg_worker_requests_active"}
+
+
+# ---------------------------------------------------------------- evidence in the verdict
+
+T0 = 1_000_000_000_000
+S = 1_000_000_000
+
+
+def _rec(agent: int, rnd: int, sent_s: float, end_s: float, stalled: str | None, outcome: str,
+         tokens: int) -> Record:
+    t = {"start": T0 + int(sent_s * S) - 1000, "sent": T0 + int(sent_s * S), "end": T0 + int(end_s * S)}
+    if outcome == "ok":
+        t.update(headers=t["sent"] + 1000, first_byte=t["sent"] + 2000, first_token=t["sent"] + 3000)
+    return Record(1, "run", "agent", agent, rnd, 0, f"run-a{agent}-r{rnd}-c0", 3, 100, tokens, None, None,
+                  200 if outcome == "ok" else None, outcome, None if outcome == "ok" else "stall_give_up", None,
+                  stalled, True, "tool_calls" if outcome == "ok" else None, 1, 5, 3, 0, 0, 0, t)
+
+
+def _run_dir(tmp_path: Path, router_active: dict[str, float], engine_running: float) -> Path:
+    meta = {"run": "run", "t0_ns": T0, "t0_unix": 0.0, "ended": True, "ended_normally": True,
+            "scenario": {"stall": {"after_s": 1.0, "give_up_s": 5.0}, "client": {"limit": 100},
+                         "agents": {"rounds": 3}, "conversation": {"mode": "scripted"}}}
+    (tmp_path / "run.json").write_bytes(orjson.dumps(meta))
+    recs = [_rec(a, 1, 0.1 * a, 0.1 * a + 0.2, None, "ok", 1000) for a in range(3)]
+    recs += [_rec(a, 2, 2.0, 8.0, "ttfb", "stalled", 7000) for a in range(3)]
+    (tmp_path / "records.jsonl").write_bytes(b"".join(r.to_json() + b"\n" for r in recs))
+    url = "http://127.0.0.1:29000/metrics"
+    lines = []
+    for i, t in enumerate((1.0, 4.0, 7.0, 9.0)):
+        v = {series_key("smg_worker_requests_active", {"worker": w}): (x if 2 <= t <= 8 else 0.0)
+             for w, x in router_active.items()}
+        v["vllm:num_requests_running"] = engine_running
+        lines.append({"t": T0 + int(t * S), "t_start": T0 + int(t * S) - 1000, "url": url, "ms": 1.0, "full": True,
+                      "v": v})
+    lines.append({"t": T0 + 10 * S, "url": "http://127.0.0.1:1/metrics", "error": "ClientConnectorError: refused"})
+    (tmp_path / "target_metrics.jsonl").write_bytes(b"".join(orjson.dumps(l) + b"\n" for l in lines))
+    return tmp_path
+
+
+def test_router_reporting_zero_active_while_agents_wait_is_named(tmp_path):
+    run = load_run(_run_dir(tmp_path, {"http://w1": 0.0, "http://w2": 0.0}, 0.0))
+    v = diagnose(run)
+    assert v["kind"] == "server_stall" and v["phase"] == "ttfb"
+    ev = "\n".join(v["evidence"])
+    assert ("the router reported 0 active requests for every worker while 3 agent request(s) waited for "
+            "response headers (ttfb)") in ev, ev
+    assert "smg_worker_requests_active = 0 for worker http://w1, 0 for worker http://w2" in ev
+    assert "vllm:num_requests_running = 0 running requests" in ev
+    assert "target metrics http://127.0.0.1:1/metrics: every scrape failed (1)" in ev
+
+
+def test_router_holding_the_stalled_requests_on_one_worker_is_named(tmp_path):
+    run = load_run(_run_dir(tmp_path, {"http://w1": 0.0, "http://w2": 3.0}, 3.0))
+    ev = target_evidence(run, [r for r in run.records if r.stalled_phase])
+    text = "\n".join(ev)
+    assert "at +4.0 s, while 3 agent request(s) waited for response headers (ttfb)" in text, text
+    assert "smg_worker_requests_active = 3 for worker http://w2, 0 for worker http://w1" in text
+    assert "held 3 of its 3 active request(s) on worker http://w2" in text and "behind the router" in text
+    fig = fig_target_metrics(run)
+    assert fig is not None and any("smg_worker_requests_active" in (tr.name or "") for tr in fig.data)
+
+
+def test_no_target_metrics_no_evidence_no_figure(tmp_path):
+    run = load_run(_run_dir(tmp_path, {"http://w1": 0.0}, 0.0))
+    (tmp_path / "target_metrics.jsonl").unlink()
+    assert target_evidence(run, [r for r in run.records if r.stalled_phase]) == []
+    assert fig_target_metrics(load_run(tmp_path)) is None
