@@ -268,6 +268,20 @@ def diagnose(data: "RunData") -> dict[str, Any]:
         ev.append(f"sample message: {http_errors[0].error_msg}")
         return v
 
+    # A run killed while requests hung has no record of them: the last sample still knows.
+    last_stalled = next((s.get("stalled_by") for s in reversed(samples) if "stalled_by" in s), None)
+    if last_stalled and not data.meta.get("ended", True):
+        (rnd, phase), n = max(((tuple(k.split("/")), n) for k, n in last_stalled.items()), key=lambda x: x[1])
+        total = sum(last_stalled.values())
+        kind = "client_pool" if phase == "pool_wait" else "server_stall"
+        v.update(kind=kind, phase=phase, first_round=min(int(k.split("/")[0]) for k in last_stalled),
+                 agents_affected=total,
+                 summary=(f"run killed while {total} request(s) were stalled (most in round {rnd}, {phase}); "
+                          f"they left no record, this comes from the last in-flight sample"))
+        ev.append("stalled in flight at the last sample: " + ", ".join(
+            f"round {k.split('/')[0]} {k.split('/')[1]}: {n}" for k, n in sorted(last_stalled.items())))
+        return v
+
     v["summary"] = (f"healthy: {len(fine)} of {len(recs)} requests completed without a stall over "
                     f"{max(r.round for r in recs)} round(s); no pool queueing that mattered")
     ttft = [((phase_ns(r.t, 'ttfb') or 0) + (phase_ns(r.t, 'ttft') or 0)) / 1e6 for r in fine]

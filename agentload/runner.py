@@ -160,13 +160,20 @@ class Sampler:
         ctx = self.ctx
         phases: dict[str, int] = {}
         stalled = 0
+        # "round/phase" -> count: lets a report of a killed run still say where agents were stuck,
+        # though the stalled requests themselves never got a record.
+        stalled_by: dict[str, int] = {}
         for tr in list(ctx.inflight.values()):
             if tr.kind != "agent":
                 continue
             p = tr.phase()
             phases[p] = phases.get(p, 0) + 1
-            stalled += tr.stalled_phase is not None
+            if tr.stalled_phase is not None:
+                stalled += 1
+                key = f"{tr.round}/{tr.stalled_phase}"
+                stalled_by[key] = stalled_by.get(key, 0) + 1
         s = {"t": _now(), "pool": ctx.transport.pool_state(), "inflight": phases, "stalled": stalled,
+             "stalled_by": stalled_by,
              "loop_lag_ms": round(self.lag_ms, 3), "counts": dict(ctx.counts), "proc": self.health.sample()}
         self.max_lag_ms = max(self.max_lag_ms, self.lag_ms)
         self.lag_ms = 0.0

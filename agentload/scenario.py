@@ -62,7 +62,11 @@ class Dist:
     def to_json(self) -> Any:
         if self.kind == "constant":
             return self.value
-        d: dict[str, Any] = {"dist": self.kind, "mean": self.mean, "sigma": self.sigma}
+        if self.kind == "uniform":
+            return {"dist": "uniform", "min": self.min, "max": self.max}
+        d: dict[str, Any] = {"dist": self.kind, "mean": self.mean}
+        if self.kind in ("normal", "lognormal"):
+            d["sigma"] = self.sigma
         if self.min is not None:
             d["min"] = self.min
         if self.max is not None:

@@ -108,3 +108,28 @@ def test_server_hang_behind_a_small_pool_is_still_a_server_stall(tmp_path):
     recs = load_records(tmp_path / "records.jsonl").records
     assert any(r.stalled_phase == "pool_wait" for r in recs), "agents should have queued behind the hung requests"
     assert any("pool_wait behind them" in e for e in v["evidence"]), v["evidence"]
+
+
+def test_killed_while_hung_still_names_round_and_phase(tmp_path):
+    """SIGKILL while every agent hangs: no record of the hung requests exists, the samples say where."""
+    import os
+    import signal
+
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "agentload.cli", "run", "long-context-hang", "--no-live",
+                          "--out", str(out), "--set", "stall.after_s=1", "--set", "stall.give_up_s=60"],
+                         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            s = out / "samples.jsonl"
+            if s.exists() and any(orjson.loads(l).get("stalled", 0) >= 12 for l in s.read_bytes().splitlines() if l):
+                break
+            time.sleep(0.2)
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+    r = cli("report", str(out))
+    v = orjson.loads((out / "summary.json").read_bytes())["verdict"]
+    assert v["kind"] == "server_stall" and v["phase"] == "ttfb" and v["first_round"] == 4, v
+    assert "killed" in v["summary"]
