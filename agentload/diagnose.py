@@ -159,8 +159,13 @@ def diagnose(data: "RunData") -> dict[str, Any]:
                        f"from round {first_round} on")
         if thr is not None:
             summary += f", every request at or above {thr:,} prompt tokens stalled"
-        summary += ("; the client pool is not the cause" if not pool_stalls else
-                    "; the requests queued in the client pool behind them are a consequence, not the cause")
+        queued_agents = {r.agent for r in pool_stalls} - affected
+        if not pool_stalls:
+            summary += "; the client pool is not the cause"
+        else:
+            summary += (f"; they held the client pool's connections, so {len(queued_agents)} more agent(s) queued "
+                        f"behind them (a consequence, not the cause)")
+            v["agents_affected"] = len(affected | queued_agents)
         v["summary"] = summary
         ev.append(f"stalled requests by round and phase: {_fmt_phase_counts(phases)}")
         if thr_text:
