@@ -110,7 +110,7 @@ async def run_agent(ctx: "RunContext", agent: int, intended_start: int | None = 
             while True:
                 body = conv.body()
                 rid = f"{ctx.run_id}-a{agent}-r{rnd}-c{call}"
-                trace = Trace("agent", agent, rnd, call, rid, len(conv.messages), len(body), conv.tokens,
+                trace = Trace("agent", agent, rnd, call, rid, conv.n_messages, len(body), conv.tokens,
                               intended)
                 intended = None
                 st.state, st.since, st.trace = "request", _now(), trace

@@ -45,8 +45,9 @@ def mean_body_bytes(concurrency: int, rounds: int, extra: list[str]) -> int:
         conv = Conversation(sc.conversation, sc.target.model, agent_rng(sc.agents.seed, agent), agent)
         for rnd in range(1, rounds + 1):
             sizes.append(len(conv.body()))
-            conv.append(conv.scripted_assistant(rnd))
-            for m in conv.tool_results(conv.messages[-1]):
+            assistant = conv.scripted_assistant(rnd)
+            conv.append(assistant)
+            for m in conv.tool_results(assistant):
                 conv.append(m)
             conv.next_user_turn()
     return int(sum(sizes) / len(sizes))

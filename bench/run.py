@@ -9,13 +9,16 @@ What it does, for each row:
 - starts `bench/server.py` (a minimal uvloop HTTP/1.1 SSE server: 50 ms to the first token, then
   32 token chunks, one write each 5 ms apart, or all at once in the `burst` rows), pinned with
   `taskset` to core 0 where `taskset` exists and the machine has 2+ cores;
-- runs the baseline `bench/baseline.py` (aiohttp + uvloop, `readany()`, no JSON parsing) and then
-  agentload (`bench/agentload_client.py`: scenario `bench/bench.toml`, scripted, tool latency 0,
-  canaries off; every phase traced, one record per request) on the same settings, each pinned to
-  core 1, each for `concurrency x --rounds` requests;
+- runs, each pinned to core 1, each for `concurrency x --rounds` requests on the same settings:
+  the baseline `bench/baseline.py --parse json` (aiohttp + uvloop, `readany()`, events split and
+  every chunk parsed with orjson: the least a client does that can tell a token from a role-only
+  chunk), the floor `bench/baseline.py --parse none` (no parsing at all: aiohttp and the loop
+  alone), then agentload (`bench/agentload_client.py`: scenario `bench/bench.toml`, scripted, tool
+  latency 0, canaries off; every phase traced, every chunk parsed, one record written per request);
 - prints requests/s and chunks/s (over the client's load window), the client's CPU % of one core
-  (user + system over the same window), the same rates per fully used core, peak RSS, and the
-  ratio agentload / baseline of requests/s per core;
+  (user + system over the same window), the same rates per fully used core (count / CPU
+  seconds), peak RSS, the server's CPU %, and the ratio agentload / baseline of requests/s per
+  core;
 - timing error: for every request, the client's first-token stamp minus the server's own send
   stamp `mock_sent_ns` (both `time.perf_counter_ns()`, CLOCK_MONOTONIC on one host), p50/p99.
 
@@ -235,18 +238,19 @@ def machine() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.run", description="agentload vs a raw aiohttp+uvloop loop")
-    ap.add_argument("--rounds", type=int, default=20, help="requests per agent / per baseline worker")
+    ap.add_argument("--rounds", type=int, default=40, help="requests per agent / per baseline worker")
     ap.add_argument("--paced", default="8,64,256", help="concurrencies of the paced rows (one write per chunk, 5 ms apart)")
     ap.add_argument("--burst", default="64", help="concurrencies of the burst rows (all chunks in one write); '' for none")
     ap.add_argument("--ttft-ms", type=float, default=50.0)
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--interval-ms", type=float, default=5.0)
     ap.add_argument("--workers", type=int, default=0, help="also run agentload --workers N (rows marked so)")
-    ap.add_argument("--only", choices=("baseline", "agentload"), default=None, help="run one client only")
+    ap.add_argument("--only", choices=("baseline", "floor", "agentload"), default=None, help="run one client only")
     ap.add_argument("--scale", action="store_true", help="also the 10,000-agent run (minutes)")
     ap.add_argument("--scale-agents", type=int, default=10_000)
     ap.add_argument("--scale-rounds", type=int, default=20)
-    ap.add_argument("--scale-rate", type=float, default=400.0, help="target requests/s of the scale run (sets the tool latency)")
+    ap.add_argument("--scale-rate", type=float, default=800.0, help="target requests/s of the scale run (sets the tool latency)")
+    ap.add_argument("--scale-chunks", type=int, default=16, help="token chunks per response in the scale run")
     ap.add_argument("--scale-bound-ms", type=float, default=10.0, help="p99 timing error the scale run must stay under")
     ap.add_argument("--peers", action="store_true", help="also run guidellm/aiperf/inference-perf where installed")
     ap.add_argument("--json", type=Path, default=None, help="write every figure to this file")
@@ -268,10 +272,11 @@ def main(argv: list[str] | None = None) -> int:
         budget = 120 + 2 * a.rounds * conc * (a.ttft_ms + a.chunks * interval) / 1000.0
         with Server(srv_cpu, a.ttft_ms, a.chunks, interval) as srv:
             common = ["--url", srv.url, "--concurrency", str(conc), "--requests", str(a.rounds)]
-            if a.only in (None, "baseline"):
-                rows.append(Row(mode, conc, client("bench.baseline", common + ["--body-bytes", str(body)], cli_cpu, budget,
-                                                   srv)))
-                print(render(rows[-1:]).splitlines()[-1], flush=True)
+            for name, parse in (("baseline", "json"), ("floor", "none")):
+                if a.only in (None, name):
+                    rows.append(Row(mode, conc, client("bench.baseline", common + ["--body-bytes", str(body), "--parse", parse],
+                                                       cli_cpu, budget, srv)))
+                    print(render(rows[-1:]).splitlines()[-1], flush=True)
             if a.only in (None, "agentload"):
                 rows.append(Row(mode, conc, client("bench.agentload_client", common, cli_cpu, budget, srv)))
                 print(render(rows[-1:]).splitlines()[-1], flush=True)
@@ -282,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(render(rows[-1:]).splitlines()[-1], flush=True)
     print()
     print(render(rows))
+    for r in rows:
+        if r.res.get("failed"):
+            print(f"warning: {r.mode} {r.concurrency} {r.name}: {r.res['failed']} request(s) failed")
+        if r.res.get("verdict") not in (None, "healthy"):
+            print(f"note: {r.mode} {r.concurrency} {r.name}: verdict {r.res['verdict']}: {r.res.get('verdict_summary')}")
     scale = None
     if a.scale:
         from bench.scale import run_scale

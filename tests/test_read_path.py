@@ -161,6 +161,9 @@ def test_timing_error_is_joined_non_negative_and_inside_the_request(tmp_path, st
         assert t["start"] <= r.server_first_token_ns <= t["first_token"] <= t["end"]
         if stream:  # and after the response headers went out (they precede the first token)
             assert r.server_first_token_ns >= t["sent"]
+    te = res.summary["timing_error"]  # the report states it too
+    assert te["n"] == 12 and 0 <= te["p50_ms"] <= te["p99_ms"] <= te["max_ms"]
+    assert "timing error vs the server's own send stamp" in res.text
 
 
 def test_old_records_without_the_server_stamp_still_load(tmp_path):

@@ -2,10 +2,10 @@
 smg -> two mock backends, for a few minutes, as the CLI a user runs. Shows that agentload's
 resident memory and file descriptors stay flat after warm-up, and prints the numbers.
 
-Skipped unless `--run-soak` (.ci/run runs it in its own pytest call). Knobs for a longer run,
+Part of the normal suite (120 s by default). Knobs for a longer run,
 e.g. the README's figures:
 
-    AGENTLOAD_SOAK_S=600 AGENTLOAD_SOAK_OUT=reports/soak-smg python3 -m pytest -q -s --run-soak tests/test_soak.py
+    AGENTLOAD_SOAK_S=600 AGENTLOAD_SOAK_OUT=reports/soak-smg python3 -m pytest -q -s tests/test_soak.py
 
 smg runs with its defaults here (retries on, 15 s pings, 1800 s request timeout): a soak tests
 the router as it would be deployed; only the ports and the startup check interval are set.
@@ -41,7 +41,7 @@ pytestmark = [
                        reason="the `smg` executable is missing (pip install smg, or pip install -e '.[test]')"),
 ]
 
-SOAK_S = float(os.environ.get("AGENTLOAD_SOAK_S", "150"))
+SOAK_S = float(os.environ.get("AGENTLOAD_SOAK_S", "120"))
 RSS_GROWTH_MB = 8.0  # after warm-up, median of the last third vs the first third
 FD_GROWTH = 8
 

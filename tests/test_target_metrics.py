@@ -170,3 +170,19 @@ def test_no_target_metrics_no_evidence_no_figure(tmp_path):
     (tmp_path / "target_metrics.jsonl").unlink()
     assert target_evidence(run, [r for r in run.records if r.stalled_phase]) == []
     assert fig_target_metrics(load_run(tmp_path)) is None
+
+
+def test_html_report_charts_the_target_metrics_and_renders_in_chromium(tmp_path):
+    from agentload.report.browser import check_page_sync, find_chromium
+    from agentload.report.build import write_reports
+
+    run_dir = _run_dir(tmp_path, {"http://w1": 0.0, "http://w2": 3.0}, 3.0)
+    write_reports(run_dir)
+    page = run_dir / "report.html"
+    assert "fig-target" in page.read_text()
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    res = check_page_sync(page, chromium=chromium, timeout=60)
+    assert res.ok, res.problems()
+    assert res.ids[-1] == "fig-target" and res.drawn == res.expected == len(res.ids)

@@ -66,17 +66,36 @@ def warnings_for(data: RunData, rounds: dict) -> list[str]:
     if not m.get("ended", False):
         w.append("run.json says the run never ended: it was killed; this report covers the records on disk")
     elif m.get("cut_short"):
-        w.append(f"the run was cut short ({m.get('stop_reason') or 'stopped early'}): in-flight requests were recorded as cut_short")
+        cut = sum(1 for r in data.records if r.outcome == "cut_short")
+        w.append(f"the run was cut short ({m.get('stop_reason') or 'stopped early'}): conversations in progress started "
+                 f"no further round; {cut} request(s) still in flight at the end were recorded as cut_short")
     if data.torn_lines:
         w.append(f"{data.torn_lines} torn line(s) in records.jsonl were skipped (the run was killed mid-write)")
     lag = max([s.get("loop_lag_ms", 0.0) for s in data.samples] + [m.get("max_loop_lag_ms", 0.0) or 0.0])
     if lag >= LOOP_LAG_WARN_MS:
-        w.append(f"agentload's event loop lagged up to {lag:.0f} ms: its own timings may be late by that much")
+        n_lag = sum(1 for s in data.samples if s.get("loop_lag_ms", 0.0) >= LOOP_LAG_WARN_MS)
+        w.append(f"agentload's event loop lagged up to {lag:.0f} ms"
+                 + (f" (in {n_lag} of {len(data.samples)} one-second samples)" if data.samples else "")
+                 + ": its own timings may be late by that much")
     thin = [r for r, st in sorted(rounds.items()) if st.completed < MIN_SAMPLES_PER_ROUND]
     if thin:
         shown = ", ".join(str(r) for r in thin[:8]) + (" ..." if len(thin) > 8 else "")
         w.append(f"fewer than {MIN_SAMPLES_PER_ROUND} completed requests in round(s) {shown}: their percentiles are rough")
     return w
+
+
+def timing_error(records: list) -> dict[str, Any] | None:
+    """agentload's own lateness where the server stamps its sends (the mock, bench/server.py):
+    the client's first-token stamp minus the server's `mock_sent_ns`, same host, same clock."""
+    d = sorted(r.t["first_token"] - r.server_first_token_ns for r in records
+               if r.kind == "agent" and r.server_first_token_ns is not None and "first_token" in r.t)
+    if not d:
+        return None
+
+    def pick(q: float) -> float:
+        return round(d[min(len(d) - 1, int(q * len(d)))] / 1e6, 3)
+
+    return {"n": len(d), "p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": round(d[-1] / 1e6, 3)}
 
 
 def build_summary(data: RunData) -> dict[str, Any]:
@@ -102,6 +121,9 @@ def build_summary(data: RunData) -> dict[str, Any]:
         "agents": agents,
         "warnings": warnings_for(data, rounds),
     }
+    te = timing_error(data.records)
+    if te is not None:
+        summary["timing_error"] = te
     tm = scrape_summary(data.path, data.meta.get("t0_ns"))
     if tm is not None:
         summary["target_metrics"] = tm

@@ -60,7 +60,13 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
               f"stall after={s.get('after_s')} give_up={s.get('give_up_s')} on_give_up={s.get('on_give_up')}")
     late = run.get("start_late_ms")
     con.print(f"latency measured from {run.get('latency_from')}"
-              + (f" (starts late by p50 {late['p50']:.1f} / p99 {late['p99']:.1f} ms)" if late else ""), markup=False)
+              + (f" (starts late by p50 {late['p50']:.1f} / p99 {late['p99']:.1f} ms)" if late else ""),
+              markup=False, soft_wrap=True)
+    te = summary.get("timing_error")
+    if te:
+        con.print(f"timing error vs the server's own send stamp (first token seen - sent): p50 {te['p50_ms']:.2f} ms, "
+                  f"p99 {te['p99_ms']:.2f} ms, max {te['max_ms']:.1f} ms over {te['n']} requests",
+                  soft_wrap=True, markup=False)
     for url, st in (summary.get("target_metrics") or {}).items():
         con.print(f"target metrics {url}: {st['ok']} scrapes ok, {st['failed']} failed, {st['series']} series"
                   + (f" (e.g. {st['errors'][0]})" if st.get("errors") else "") + " -> target_metrics.jsonl",

@@ -1,0 +1,39 @@
+"""bench/ keeps working: its one command runs end to end on a tiny setting (no speed asserted)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import orjson
+
+from helpers import REPO
+
+
+def test_bench_runs_every_client_and_measures_the_timing_error(tmp_path):
+    out = tmp_path / "bench.json"
+    p = subprocess.run([sys.executable, "-m", "bench.run", "--paced", "2", "--burst", "2", "--rounds", "3",
+                        "--ttft-ms", "5", "--chunks", "4", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "ratio/core" in p.stdout and "machine:" in p.stdout
+    doc = orjson.loads(out.read_bytes())
+    rows = doc["rows"]
+    assert [(r["mode"], r["client"]) for r in rows] == [(m, c) for m in ("paced", "burst")
+                                                       for c in ("baseline", "floor", "agentload")]
+    for r in rows:
+        assert r["requests"] == 2 * 3 and r["failed"] == 0
+        assert r["chunks"] == r["requests"] * (1 + 4 + 3)  # role, tokens, finish, usage, [DONE]
+        # the client sees the first token after the server sent it: same host, same clock
+        assert r["err_p50_ms"] is not None and 0 <= r["err_p50_ms"] <= r["err_p99_ms"]
+        assert r["cpu_s"] > 0 and r["rss_kb"] > 0
+    assert all(r["verdict"] == "healthy" for r in rows if r["client"] == "agentload")
+
+
+def test_bench_scale_small(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "bench.scale", "--agents", "40", "--rounds", "2", "--rate", "200",
+                        "--chunks", "3", "--ttft-ms", "5"],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "80 of 80 requests completed (0 failed)" in p.stdout
+    assert "timing error p50" in p.stdout
