@@ -33,6 +33,7 @@ from agentload.records import Record, phase_ns
 from agentload.report.rundir import RunData, load_run
 from agentload.report.summary import build_summary
 from agentload.scenario import Scenario, load_scenario, parse_scenario
+from agentload.report.text import fmt_ms
 
 COMPARE_VERSION = 1
 PHASE_ROWS = ("pool_wait", "connect", "ttfb", "ttft", "e2e")
@@ -284,14 +285,6 @@ ROWS: list[tuple[tuple[str, ...], str, str | None]] = [
 ]
 
 
-def fmt_ms(v: float | None) -> str:
-    if v is None:
-        return "-"
-    if v >= 10_000:
-        return f"{v / 1000:.1f}s"
-    if v >= 100:
-        return f"{v:.0f}"
-    return f"{v:.1f}"
 
 
 def fmt_value(key: str, v: Any, metrics: dict[str, Any] | None = None) -> str:

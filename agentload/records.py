@@ -26,6 +26,21 @@ REPORT_PHASES = ("pool_wait", "connect", "ttfb", "ttft", "stream", "e2e")
 OUTCOMES = ("ok", "error", "stalled", "cut_short")
 
 
+def phase_at(t: dict[str, int], reused: bool | None) -> str:
+    """The phase a request is in (or died in), from which stamps exist."""
+    if "first_token" in t:
+        return "stream"
+    if "headers" in t:
+        return "ttft"
+    if "sent" in t:
+        return "ttfb"
+    if "conn_end" in t or reused:
+        return "send"
+    if "conn_start" in t:
+        return "connect"
+    return "pool_wait"
+
+
 class Trace:
     """Mutable timestamps of one request in flight. Hooks only stamp; nothing else happens here."""
 
@@ -62,19 +77,8 @@ class Trace:
         self.server_first_token_ns: int | None = None  # the server's own send stamp, if it sent one
 
     def phase(self) -> str:
-        """The phase the request is in now, from which stamps exist."""
-        t = self.t
-        if "first_token" in t:
-            return "stream"
-        if "headers" in t:
-            return "ttft"
-        if "sent" in t:
-            return "ttfb"
-        if "conn_end" in t or self.reused:
-            return "send"
-        if "conn_start" in t:
-            return "connect"
-        return "pool_wait"
+        """The phase the request is in now."""
+        return phase_at(self.t, self.reused)
 
     def progress_ns(self) -> int:
         """When the request last made progress: entering its phase, or its last token."""

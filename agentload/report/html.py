@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from agentload.report.text import fmt_ms
 from agentload.records import REPORT_PHASES, Record, phase_ns
 from agentload.report.rundir import RunData
 from agentload.report.target_metrics import fig_target_metrics
@@ -72,13 +73,7 @@ def _sec(ns: int, t0: int) -> float:
 
 
 def _ms(v: float | None) -> str:
-    if v is None:
-        return "-"
-    if v >= 10_000:
-        return f"{v / 1000:.1f} s"
-    if v >= 100:
-        return f"{v:.0f}"
-    return f"{v:.1f}"
+    return fmt_ms(v, sep=" ")
 
 
 def _nice(x: float) -> float:

@@ -13,14 +13,18 @@ from agentload.records import REPORT_PHASES
 _PHASE_COLS = REPORT_PHASES
 
 
-def _ms(v: float | None) -> str:
+def fmt_ms(v: float | None, sep: str = "") -> str:
+    """Milliseconds for people: 3 significant-ish digits, seconds past 10 s."""
     if v is None:
         return "-"
     if v >= 10_000:
-        return f"{v / 1000:.1f}s"
+        return f"{v / 1000:.1f}{sep}s"
     if v >= 100:
         return f"{v:.0f}"
     return f"{v:.1f}"
+
+
+_ms = fmt_ms
 
 
 def _cell(ph: dict | None) -> str:

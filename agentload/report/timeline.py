@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
-from agentload.records import Record
+from agentload.records import Record, phase_at
 
 if TYPE_CHECKING:
     from agentload.report.rundir import RunData
@@ -70,18 +70,7 @@ def end_phase(rec: Record) -> str:
     if rec.outcome == "ok":
         return "stream"
     # A phase that never got its end stamp is the one the request died in.
-    t = rec.t
-    if "first_token" in t:
-        return "stream"
-    if "headers" in t:
-        return "ttft"
-    if "sent" in t:
-        return "ttfb"
-    if "conn_start" in t and "conn_end" not in t:
-        return "connect"
-    if "queued_start" in t and "queued_end" not in t:
-        return "pool_wait"
-    return "send"
+    return phase_at(rec.t, rec.reused)
 
 
 @dataclass
