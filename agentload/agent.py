@@ -154,6 +154,8 @@ async def run_agent(ctx: "RunContext", agent: int, intended_start: int | None = 
             conv.append(assistant)
             if rnd == sc.agents.rounds:
                 break
+            # nothing of this request is needed in the tool time: let it go (10,000 sleeping agents)
+            res = rec = trace = body = None
             st.state, st.since = "tool", _now()
             delay = conv.tool_latency_s()
             if delay > 0:

@@ -8,6 +8,9 @@ flight then is recorded as cut short.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
+import gc
 import os
 import platform
 import random
@@ -83,7 +86,7 @@ class RunContext:
             return
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        handle = loop.call_later(seconds, _wake, fut)
+        handle = loop.call_later(seconds, _wake, fut, context=_NO_CONTEXT)
         self.sleepers.add(fut)
         try:
             await fut
@@ -98,6 +101,29 @@ class RunContext:
             self.stop_event.set()
             for fut in list(self.sleepers):
                 _wake(fut)
+
+
+# The collector's full passes walk every live object and stop the event loop meanwhile (about
+# 1 us per object: 10,000 agents hold ~150k objects). For the run: what start-up created is
+# frozen (never walked again), and young passes run less often, so objects of finished requests
+# (freed by refcounting anyway) are rarely promoted and full passes are rare. Measured with 10,000
+# agents: the longest pause went from ~400 ms (4-9 full passes) to ~40 ms (none).
+GC_THRESHOLD = (5000, 10, 100)
+
+
+def gc_for_run() -> Callable[[], None]:
+    old = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)
+
+    def restore() -> None:
+        gc.set_threshold(*old)
+        gc.unfreeze()
+
+    return restore
+
+
+_NO_CONTEXT = contextvars.Context()  # _wake reads no context variable: no copy per sleeping agent
 
 
 def _wake(fut: asyncio.Future) -> None:
@@ -245,21 +271,21 @@ def _track(ctx: RunContext, tasks: set[asyncio.Task], task: asyncio.Task) -> Non
     tasks.add(task)
     ctx.agents_idle.clear()
     agent = int(task.get_name().rpartition("-")[2])
-    open_loop = ctx.scenario.agents.arrival == "open"
+    # a partial, not a closure: fewer objects per live agent for the garbage collector to walk
+    task.add_done_callback(functools.partial(_agent_done, ctx, tasks, agent))
 
-    def done(t: asyncio.Task) -> None:
-        tasks.discard(t)
-        if not tasks:
-            ctx.agents_idle.set()
-        if not t.cancelled() and t.exception() is not None:
-            print(f"agentload: agent {agent} crashed: {t.exception()!r}", file=sys.stderr)
-        if open_loop:
-            st = ctx.agent_states.pop(agent, None)
-            if st is not None:
-                state = "cut_short" if t.cancelled() else st.state
-                ctx.finished[state] = ctx.finished.get(state, 0) + 1
 
-    task.add_done_callback(done)
+def _agent_done(ctx: RunContext, tasks: set[asyncio.Task], agent: int, t: asyncio.Task) -> None:
+    tasks.discard(t)
+    if not tasks:
+        ctx.agents_idle.set()
+    if not t.cancelled() and t.exception() is not None:
+        print(f"agentload: agent {agent} crashed: {t.exception()!r}", file=sys.stderr)
+    if ctx.scenario.agents.arrival == "open":
+        st = ctx.agent_states.pop(agent, None)
+        if st is not None:
+            state = "cut_short" if t.cancelled() else st.state
+            ctx.finished[state] = ctx.finished.get(state, 0) + 1
 
 
 async def _arrivals(ctx: RunContext, tasks: set[asyncio.Task]) -> None:
@@ -386,6 +412,7 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
     ctx.agents_idle.set()
     idle_wait = asyncio.create_task(ctx.agents_idle.wait())
     stop_wait = asyncio.create_task(ctx.stop_event.wait())
+    gc_restore = gc_for_run()
     try:
         # Phase 1: run until every agent is done, the duration is over, or a signal comes.
         while True:
@@ -439,6 +466,7 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
                      "stop_reason": ctx.stop_reason, "t_end_ns": _now(), "t_end_unix": time.time(),
                      "records": writer.count, "max_loop_lag_ms": round(sampler.max_lag_ms, 3)})
         _write_json(out_dir / f"run{sfx}.json", meta)
+        gc_restore()
     return RunOutcome(out_dir, run_id, cut_short, ctx.stop_reason, interrupts > 0)
 
 

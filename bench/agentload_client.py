@@ -22,6 +22,8 @@ from pathlib import Path
 
 import orjson
 
+from bench.ablate import ABLATIONS, ablate
+
 HERE = Path(__file__).resolve().parent
 SCENARIO = HERE / "bench.toml"
 
@@ -51,29 +53,6 @@ def mean_body_bytes(concurrency: int, rounds: int, extra: list[str]) -> int:
                 conv.append(m)
             conv.next_user_turn()
     return int(sum(sizes) / len(sizes))
-
-
-def ablate(names: list[str]) -> None:
-    """Turn optimisations off in this process, to measure each one's effect (before/after)."""
-    for name in names:
-        if name == "sink":  # read bodies with `await readany()` instead of the protocol callback
-            import agentload.request as rq
-
-            async def no_sink(content, feed, protocol=None, last_byte_ns=None) -> bool:
-                return False
-
-            rq.read_body = no_sink
-        elif name == "idle":  # keep aiohttp's sock_read timer, re-armed on every read
-            import agentload.request as rq
-
-            fast = rq.read_body
-
-            async def no_idle(content, feed, protocol=None, last_byte_ns=None) -> bool:
-                return await fast(content, feed)
-
-            rq.read_body = no_idle
-        else:
-            raise SystemExit(f"--ablate: unknown optimisation {name!r}")
 
 
 def _usage() -> float:
@@ -115,7 +94,8 @@ def run(url: str, concurrency: int, rounds: int, out: Path, extra: list[str], wo
             "rss_kb": rss_run, "rss_after_report_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             "errors_ns": errors_ns, "failed": len(recs) - len(ok),
             "verdict": summary["verdict"]["kind"], "verdict_summary": summary["verdict"]["summary"],
-            "max_loop_lag_ms": data.meta.get("max_loop_lag_ms"), "run_dir": str(out)}
+            "max_loop_lag_ms": data.meta.get("max_loop_lag_ms"), "warnings": summary.get("warnings", []),
+            "run_dir": str(out)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None, help="run folder (default: a temporary one)")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="extra scenario override")
-    ap.add_argument("--ablate", action="append", default=[], help="turn an optimisation off: sink, idle")
+    ap.add_argument("--ablate", action="append", default=[],
+                    help="turn an optimisation off (bench/ablate.py): " + ", ".join(ABLATIONS) + ", or all")
     a = ap.parse_args(argv)
     ablate(a.ablate)
     if a.out is None:

@@ -50,6 +50,7 @@ def run_scale(a: Any, srv_cpu: str | None, cli_cpu: str | None) -> dict[str, Any
                err_max_ms=max(errs) / 1e6 if errs else None, bound_ms=a.scale_bound_ms,
                within_bound=p99 is not None and p99 / 1e6 <= a.scale_bound_ms)
     said = out.get("verdict") == "client_saturated"
+    lag_warned = [w for w in out.get("warnings") or [] if "event loop lagged" in w]
     print(f"scale: {out['requests']:,} of {out['expected_requests']:,} requests completed ({out['failed']} failed) "
           f"in {out['wall_s']:.0f} s, {out['requests'] / out['wall_s']:,.0f} req/s, "
           f"CPU {100 * out['cpu_s'] / out['wall_s']:.0f}% of a core, peak RSS {out['rss_kb'] / 1024:,.0f} MB during the run "
@@ -61,6 +62,9 @@ def run_scale(a: Any, srv_cpu: str | None, cli_cpu: str | None) -> dict[str, Any
     else:
         print(f"scale: timing error p99 above {a.scale_bound_ms:g} ms; agentload "
               + ("said so itself: verdict client_saturated" if said else "did NOT flag it as client_saturated"))
+    for w in lag_warned:
+        print(f"scale: the report warned: {w}")
+    out["lag_warned"] = bool(lag_warned)
     return out
 
 
