@@ -62,7 +62,7 @@ def _usage() -> float:
 
 
 def run(url: str, concurrency: int, rounds: int, out: Path, extra: list[str], workers: int = 1,
-        live: bool = False) -> dict:
+        live: bool = False, label: str = "agentload") -> dict:
     from agentload.launch import use_uvloop
     from agentload.report.rundir import load_run
     from agentload.report.summary import build_summary
@@ -89,7 +89,7 @@ def run(url: str, concurrency: int, rounds: int, out: Path, extra: list[str], wo
     errors_ns = [r.t["first_token"] - r.server_first_token_ns for r in recs
                  if r.server_first_token_ns is not None and "first_token" in r.t]
     ok = [r for r in recs if r.outcome == "ok"]
-    return {"client": "agentload" + (f" --workers {workers}" if workers > 1 else ""),
+    return {"client": label + (f" --workers {workers}" if workers > 1 else ""),
             "requests": len(ok), "chunks": sum(r.chunks for r in ok), "wall_s": wall, "cpu_s": cpu,
             "rss_kb": rss_run, "rss_after_report_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             "errors_ns": errors_ns, "failed": len(recs) - len(ok),
@@ -110,11 +110,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="turn an optimisation off (bench/ablate.py): " + ", ".join(ABLATIONS) + ", or all")
     a = ap.parse_args(argv)
     ablate(a.ablate)
+    label = "agentload" + (" (before: " + "+".join(a.ablate) + " off)" if a.ablate else "")
     if a.out is None:
         with tempfile.TemporaryDirectory(prefix="agentload-bench-") as d:
-            res = run(a.url, a.concurrency, a.requests, Path(d) / "run", a.sets, a.workers)
+            res = run(a.url, a.concurrency, a.requests, Path(d) / "run", a.sets, a.workers, label=label)
     else:
-        res = run(a.url, a.concurrency, a.requests, a.out, a.sets, a.workers)
+        res = run(a.url, a.concurrency, a.requests, a.out, a.sets, a.workers, label=label)
     sys.stdout.buffer.write(orjson.dumps(res) + b"\n")
     return 0
 

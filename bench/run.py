@@ -239,12 +239,14 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.run", description="agentload vs a raw aiohttp+uvloop loop")
     ap.add_argument("--rounds", type=int, default=40, help="requests per agent / per baseline worker")
-    ap.add_argument("--paced", default="8,64,256", help="concurrencies of the paced rows (one write per chunk, 5 ms apart)")
-    ap.add_argument("--burst", default="64", help="concurrencies of the burst rows (all chunks in one write); '' for none")
+    ap.add_argument("--paced", default="8,64,512", help="concurrencies of the paced rows (one write per chunk, 5 ms apart)")
+    ap.add_argument("--burst", default="64,512", help="concurrencies of the burst rows (all chunks in one write); '' for none")
     ap.add_argument("--ttft-ms", type=float, default=50.0)
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--interval-ms", type=float, default=5.0)
     ap.add_argument("--workers", type=int, default=0, help="also run agentload --workers N (rows marked so)")
+    ap.add_argument("--before", action="store_true",
+                    help="also agentload with every performance change of issue 7 turned off (bench/ablate.py)")
     ap.add_argument("--only", choices=("baseline", "floor", "agentload"), default=None, help="run one client only")
     ap.add_argument("--scale", action="store_true", help="also the 10,000-agent run (minutes)")
     ap.add_argument("--scale-agents", type=int, default=10_000)
@@ -279,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(render(rows[-1:]).splitlines()[-1], flush=True)
             if a.only in (None, "agentload"):
                 rows.append(Row(mode, conc, client("bench.agentload_client", common, cli_cpu, budget, srv)))
+                print(render(rows[-1:]).splitlines()[-1], flush=True)
+            if a.before:
+                rows.append(Row(mode, conc, client("bench.agentload_client", common + ["--ablate", "all"], cli_cpu,
+                                                   budget, srv)))
                 print(render(rows[-1:]).splitlines()[-1], flush=True)
             if a.workers > 1:
                 # the workers share the client CPUs (on a 2-core machine: one core, so no speed-up)
