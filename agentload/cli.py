@@ -86,26 +86,15 @@ def mock(
     set_: SetOpt = None,
 ) -> None:
     """Run the mock OpenAI-compatible server standalone (e.g. behind a router)."""
-    from agentload.mock.__main__ import serve
     from agentload.mock.config import MockConfig
+    from agentload.mock.serve import parse_set_overrides, serve
     from agentload.scenario import load_scenario
 
     try:
-        if scenario:
-            base = load_scenario(scenario).mock.to_dict()
-        else:
-            base = {}
-        sets = [s if s.startswith("mock.") else f"mock.{s}" for s in (set_ or [])]
-        from agentload.scenario import apply_overrides
-
-        raw = {"mock": base}
-        apply_overrides(raw, sets, "--set")
-        cfg = MockConfig.from_dict(raw["mock"], scenario or "--set")
+        base = load_scenario(scenario).mock.to_dict() if scenario else {}
+        cfg = MockConfig.from_dict(parse_set_overrides(set_ or [], base), scenario or "--set")
     except UserError as e:
         _fail(str(e))
-    from agentload.launch import use_uvloop
-
-    use_uvloop()
     serve(cfg, host, port)
 
 

@@ -277,8 +277,6 @@ def _coerce(v: Any, typ: Any, source: str, key: str) -> Any:
     if typ is str:
         if not isinstance(v, str):
             raise ScenarioError(source, key, f"expected a string, got {_type_name(v)}")
-        if key == "agents.start" and v != "all":
-            raise ScenarioError(source, key, f"expected \"all\" or a ramp length in seconds, got {v!r}")
         return v
     if origin is dict:
         if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
@@ -315,6 +313,8 @@ def _check(sc: Scenario) -> None:
     for k in ("pool_timeout_s", "connect_timeout_s", "read_timeout_s", "total_timeout_s"):
         if getattr(sc.client, k) <= 0:
             raise ScenarioError(s, f"client.{k}", "expected a number > 0 (every timeout is explicit; none is unlimited)")
+    if isinstance(sc.agents.start, str) and sc.agents.start != "all":
+        raise ScenarioError(s, "agents.start", f"expected \"all\" or a ramp length in seconds, got {sc.agents.start!r}")
     ep = sc.target.endpoint
     if ep is not None and not (ep.startswith("http://") or ep.startswith("https://")):
         raise ScenarioError(s, "target.endpoint", f"expected an http:// or https:// URL, got {ep!r}")
