@@ -1,32 +1,523 @@
-"""Per-agent outcomes and the verdict: a pure function over records and samples.
+"""Per-agent outcomes and the verdict: a pure function over records, samples and run.json.
 
-The verdict names one kind of problem, the phase it shows in, the first round it appears
-in and how many agents it touched, in one plain sentence, with checkable evidence. The
-order of the checks matters: agentload's own saturation makes every timing suspect, so it
-comes first; a server stall is never blamed on the pool just because many requests were in
-flight (the pool must really have been full, with waiters queued, for `client_pool`).
+The verdict is an ordered list of small rules (`RULES`). Each reads the run's facts (`Facts`,
+computed once) and returns a `Finding` or None. Every finding is kept: the one that stopped the
+most agents leads the verdict, ties go to the rule listed first, and the others follow as
+secondary findings. The verdict fails closed: it is `healthy` only when no rule found anything,
+and a rule that could not be computed is itself a finding (`agentload_error`), never a pass.
+
+Kinds are the `Kind` enumeration; README's list of verdict kinds is checked against it.
 """
 
 from __future__ import annotations
 
+import traceback
 from collections import Counter, defaultdict
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Callable
+from urllib.parse import urlparse
 
 from agentload.records import Record, phase_ns
+from agentload.stats import fmt_ms as _ms, quantile_ms
 from agentload.target_evidence import target_evidence
 
 if TYPE_CHECKING:
     from agentload.report.rundir import RunData
 
+
+class Kind(str, Enum):
+    """What the verdict can say; the value is what summary.json and the report print."""
+
+    HEALTHY = "healthy"
+    NO_DATA = "no_data"  # no agent request was recorded
+    AGENTLOAD_ERROR = "agentload_error"  # an agent or a background task of agentload crashed
+    CLIENT_SATURATED = "client_saturated"  # agentload's own event loop lagged: its timings are suspect
+    SERVER_STALL = "server_stall"  # requests made no progress past the pool, and did not all finish
+    SERVER_SLOW = "server_slow"  # requests made no progress for a while, but all finished
+    CLIENT_POOL = "client_pool"  # time lost waiting for a connection from the client's pool
+    CONNECT = "connect"  # connections could not be opened
+    DISCONNECTS = "disconnects"  # the other side closed connections, mid-answer or stale keep-alive
+    SERVER_ERRORS = "server_errors"  # HTTP errors or in-band error events
+    BAD_RESPONSES = "bad_responses"  # answers agentload could not read as the protocol says
+    OTHER_ERRORS = "other_errors"  # request failures of a class no other rule explains
+
+
 SATURATION_LAG_MS = 200.0  # event-loop lag at which agentload's own timings stop meaning much
 SATURATED_SHARE = 0.5  # ... in at least this share of the samples
 SATURATED_MIN_SAMPLES = 2
-POOL_WAIT_SHARE = 0.2  # pool_wait p90 this share of e2e p90 and waiters seen: the pool explains it
-SLOW_POOL_WAIT_MS = 100.0
-ERROR_SHARE = 0.05
+# The pool explains the latency when pool_wait is this share of e2e (at p50 or p90) ...
+POOL_WAIT_SHARE = 0.2
+POOL_WAIT_MIN_MS = 5.0  # ... and at least this long at p90 (microseconds of queueing explain nothing)
+POOL_WAITED_SHARE = 0.05  # ... and at least this share of requests waited for a connection
+
 DISCONNECT_ERRORS = {"ServerDisconnectedError", "ClientOSError", "ClientPayloadError",
                      "ClientConnectionResetError", "incomplete_stream", "ConnectionResetError"}
 CONNECT_ERRORS = {"connect_timeout", "ClientConnectorError", "ClientConnectorDNSError", "ConnectionRefusedError"}
+# answers that came back but were not what the protocol says (see agentload.request)
+PROTOCOL_ERRORS = {"not_a_stream", "bad_response", "malformed_stream", "empty_stream"}
+
+
+def is_server_error(error: str | None) -> bool:
+    return bool(error) and (error.startswith("http_") or error == "inband_error")
+
+
+@dataclass
+class Finding:
+    kind: Kind
+    summary: str
+    phase: str | None = None
+    first_round: int | None = None
+    agents_affected: int = 0
+    agents_stopped: int = 0  # agents whose conversation this ended (the precedence between findings)
+    evidence: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "phase": self.phase, "first_round": self.first_round,
+                "agents_affected": self.agents_affected, "agents_stopped": self.agents_stopped,
+                "summary": self.summary, "evidence": list(self.evidence)}
+
+
+def fmt_counts(c: Counter) -> str:
+    """`ServerDisconnectedError x3, http_500 x1`: most common first."""
+    return ", ".join(f"{k} x{n}" for k, n in c.most_common())
+
+
+def _share(part: float | None, whole: float | None) -> str:
+    if not part or not whole:
+        return "0%"
+    return f"{100.0 * part / whole:.0f}%"
+
+
+class Facts:
+    """What every rule reads, computed once from the run folder's data."""
+
+    def __init__(self, data: "RunData"):
+        self.data = data
+        self.meta = data.meta
+        sc = data.meta.get("scenario") or {}
+        self.scenario = sc
+        self.recs = [r for r in data.records if r.kind == "agent"]
+        self.canaries = [r for r in data.records if r.kind == "canary"]
+        self.samples = data.samples
+        self.agents = {r.agent for r in self.recs}
+        self.after_s = float((sc.get("stall") or {}).get("after_s") or 10.0)
+        self.limit = (sc.get("client") or {}).get("limit", 0)
+        self.stalled = [r for r in self.recs if r.stalled_phase]
+        self.fine = [r for r in self.recs if not r.stalled_phase and r.outcome == "ok"]
+        self.errors = [r for r in self.recs if r.outcome == "error"]
+        self.server_stalls = [r for r in self.stalled if r.stalled_phase in ("ttfb", "ttft", "stream")]
+        self.pool_stalls = [r for r in self.stalled if r.stalled_phase == "pool_wait"]
+        self.waiters_max = max([s.get("pool", {}).get("waiters", 0) for s in self.samples] + [0])
+        self.max_lag = max([s.get("loop_lag_ms", 0.0) for s in self.samples]
+                           + [self.meta.get("max_loop_lag_ms") or 0.0])
+        # the last record of each agent: what its conversation ended on
+        last: dict[int, Record] = {}
+        for r in self.recs:
+            cur = last.get(r.agent)
+            if cur is None or (r.round, r.call) >= (cur.round, cur.call):
+                last[r.agent] = r
+        self.last = last
+
+    def stopped_by(self, pred: Callable[[Record], bool]) -> set[int]:
+        """Agents whose last request failed in a way `pred` accepts (their conversation ended there)."""
+        return {a for a, r in self.last.items() if r.outcome in ("error", "stalled") and pred(r)}
+
+    @cached_property
+    def pool_wait_ms(self) -> tuple[float | None, float | None]:
+        waits = [phase_ns(r.t, "pool_wait", r.reused) for r in self.recs]
+        return quantile_ms(waits, 50), quantile_ms(waits, 90)
+
+    @cached_property
+    def e2e_ms(self) -> tuple[float | None, float | None]:
+        e2e = [phase_ns(r.t, "e2e") for r in self.recs if r.outcome == "ok"]
+        return quantile_ms(e2e, 50), quantile_ms(e2e, 90)
+
+    @cached_property
+    def waited(self) -> list[Record]:
+        return [r for r in self.recs if "queued_start" in r.t]
+
+
+# ---------------------------------------------------------------- the rules, in order
+
+
+def rule_agentload_error(f: Facts) -> Finding | None:
+    """An agent or a background task (watchdog, sampler, canaries) of agentload crashed."""
+    crashes = f.meta.get("crashes") or []
+    if not crashes:
+        return None
+    agents = {c.get("agent") for c in crashes if c.get("where") == "agent" and c.get("agent") is not None}
+    tasks = Counter(c.get("where", "?") for c in crashes if c.get("where") != "agent")
+    first = crashes[0]
+    what = []
+    if agents:
+        what.append(f"{len(agents)} agent(s) crashed")
+    if tasks:
+        what.append("background task(s) died: " + fmt_counts(tasks))
+    rounds = [c["round"] for c in crashes if c.get("round") is not None]
+    fnd = Finding(Kind.AGENTLOAD_ERROR,
+                  f"agentload itself failed: {'; '.join(what)} ({first.get('error')}: {first.get('message')}); "
+                  f"what it measured after that is incomplete, so it cannot call the run healthy",
+                  first_round=min(rounds) if rounds else None,
+                  agents_affected=len(agents) if agents else len(f.agents), agents_stopped=len(agents))
+    for c in crashes[:5]:
+        where = c.get("where", "?") + (f" {c['agent']}" if c.get("agent") is not None else "")
+        where += f" in round {c['round']}" if c.get("round") is not None else ""
+        where += f" (worker {c['worker']})" if c.get("worker") is not None else ""
+        tb = (c.get("traceback") or "").strip().splitlines()
+        fnd.evidence.append(f"{where}: {c.get('error')}: {c.get('message')}"
+                            + (f" at {tb[-2].strip()}" if len(tb) >= 2 else ""))
+    if len(crashes) > 5:
+        fnd.evidence.append(f"... {len(crashes) - 5} more crash(es) in run.json")
+    if tasks.get("watchdog"):
+        fnd.evidence.append("the watchdog died: stalls after that point may not have been detected")
+    return fnd
+
+
+def rule_client_saturated(f: Facts) -> Finding | None:
+    """agentload's own loop lagged in most samples: every timing it took is suspect. A single
+    spike (start-up, a noisy neighbour) is a warning in the report, not a verdict."""
+    lagged = [s for s in f.samples if s.get("loop_lag_ms", 0.0) >= SATURATION_LAG_MS]
+    if len(lagged) < SATURATED_MIN_SAMPLES or len(lagged) < SATURATED_SHARE * len(f.samples):
+        return None
+    return Finding(Kind.CLIENT_SATURATED,
+                   f"agentload's own event loop lagged {f.max_lag:.0f} ms: its timings are not to be trusted; "
+                   f"run fewer agents per process or use --workers",
+                   agents_affected=len(f.agents),
+                   evidence=[f"event-loop lag at or above {SATURATION_LAG_MS:.0f} ms in {len(lagged)} of "
+                             f"{len(f.samples)} one-second samples; largest {f.max_lag:.0f} ms"])
+
+
+def _threshold_evidence(failed: list[Record], fine: list[Record], verb: str) -> tuple[str | None, int | None]:
+    """A clean prompt-size threshold is the strongest clue there is: say so when there is one."""
+    if not failed:
+        return None, None
+    lo = min(r.prompt_tokens for r in failed)
+    hi = max(r.prompt_tokens for r in failed)
+    below = [r.prompt_tokens for r in fine if r.prompt_tokens < lo]
+    above_ok = [r.prompt_tokens for r in fine if r.prompt_tokens >= lo]
+    if not above_ok and below:
+        return (f"every request at or above {lo:,} prompt tokens {verb} ({len(failed)}), none below "
+                f"(largest that completed: {max(below):,} tokens)"), lo
+    return (f"{verb} prompts {lo:,}-{hi:,} tokens; {len(above_ok)} request(s) of that size or "
+            f"larger completed, so size alone does not explain it"), None
+
+
+def _fmt_phase_counts(c: Counter) -> str:
+    return ", ".join(f"round {rnd} {ph}: {n}" for (rnd, ph), n in sorted(c.items()))
+
+
+def rule_server_stall(f: Facts) -> Finding | None:
+    """No progress past the pool (ttfb, ttft, stream) for stall.after_s. A request stalled at the
+    server holds its connection: with a small pool the requests behind it wait in pool_wait;
+    that queue is a consequence, never the cause."""
+    st = f.server_stalls
+    if not st:
+        return None
+    phases = Counter((r.round, r.stalled_phase) for r in st)
+    main_phase = Counter(r.stalled_phase for r in st).most_common(1)[0][0]
+    first_round = min(r.round for r in st)
+    affected = {r.agent for r in st}
+    all_finished = all(r.outcome == "ok" for r in st)
+    stopped = f.stopped_by(lambda r: r.stalled_phase is not None)
+    thr_text, thr = _threshold_evidence(st, f.fine, "stalled")
+    if all_finished:
+        worst = max((phase_ns(r.t, "e2e") or 0) for r in st) / 1e9
+        summary = (f"server slow, not hung: {len(st)} request(s) of {len(affected)} agents made no "
+                   f"progress in {main_phase} for over stall.after_s from round {first_round} on, but all finished "
+                   f"(slowest {worst:.1f} s)")
+    else:
+        summary = (f"server stall: {len(affected)} of {len(f.agents)} agents stopped making progress in {main_phase} "
+                   f"from round {first_round} on")
+    if thr is not None:
+        summary += f", every request at or above {thr:,} prompt tokens stalled"
+    queued_agents = {r.agent for r in f.pool_stalls} - affected
+    if not f.pool_stalls:
+        summary += "; the client pool is not the cause"
+    else:
+        summary += (f"; they held the client pool's connections, so {len(queued_agents)} more agent(s) queued "
+                    f"behind them (a consequence, not the cause)")
+    fnd = Finding(Kind.SERVER_SLOW if all_finished else Kind.SERVER_STALL, summary, main_phase, first_round,
+                  len(affected | queued_agents), len(stopped))
+    ev = fnd.evidence
+    ev.append(f"stalled requests by round and phase: {_fmt_phase_counts(phases)}")
+    if thr_text:
+        ev.append(thr_text)
+    first_stall: dict[int, int] = {}
+    for r in st:
+        first_stall[r.agent] = min(first_stall.get(r.agent, r.round), r.round)
+    before = [len({x.round for x in f.fine if x.agent == a and x.round < rnd}) for a, rnd in first_stall.items()]
+    if before and min(before) > 0:
+        lo, hi = min(before), max(before)
+        ev.append(f"each affected agent completed {lo if lo == hi else f'{lo}-{hi}'} round(s) before its first stall")
+    pings = sum(r.comments for r in st)
+    if pings:
+        ev.append(f"{pings} SSE comment(s) (': ping') arrived on stalled requests: bytes flowed, tokens did not")
+    stalled_samples = [s for s in f.samples if s.get("stalled")]
+    if stalled_samples:
+        free = [s for s in stalled_samples if s.get("pool", {}).get("waiters", 0) == 0]
+        ev.append(f"the pool had no waiters queued in {len(free)} of {len(stalled_samples)} samples taken while "
+                  f"requests were stalled (limit {f.limit or 'unlimited'}, max waiters seen {f.waiters_max})")
+    ev.append(f"stalled requests on reused keep-alive connections: {sum(1 for r in st if r.reused)}, on new "
+              f"connections: {sum(1 for r in st if r.reused is False)}")
+    t0 = min(r.t.get("start", 0) for r in st)
+    during = [c for c in f.canaries if c.t.get("start", 0) >= t0]
+    if during:
+        ok = [c for c in during if c.outcome == "ok"]
+        med = quantile_ms([phase_ns(c.t, "e2e") for c in ok], 50)
+        quick = med is not None and med < f.after_s * 1000
+        text = (f"canaries (fresh connection, short prompt) sent after the first stalled request: "
+                f"{len(ok)}/{len(during)} succeeded" + (f", median {_ms(med)} ms" if med is not None else ""))
+        if ok and len(ok) == len(during) and quick:
+            text += ": the server is up and the hang depends on the agents' state"
+        elif ok and not quick:
+            text += ": canaries were slow too, so the server is slow for everyone, not only for these agents"
+        elif not ok:
+            text += ": the server is not answering anyone"
+        ev.append(text)
+    if f.pool_stalls:
+        ev.append(f"{len(f.pool_stalls)} more request(s) stalled in pool_wait behind them: the stalled requests "
+                  f"held the pool's connections (limit {f.limit}, up to {f.waiters_max} waiters)")
+    gave_up = sum(1 for r in st if r.outcome == "stalled")
+    later_ok = sum(1 for r in st if r.outcome == "ok")
+    ended = Counter(r.error for r in st if r.outcome == "error")
+    ev.append(f"{gave_up} stalled request(s) were given up after give_up_s; {later_ok} finished late"
+              + (f"; {sum(ended.values())} were ended by the other side ({fmt_counts(ended)})" if ended else ""))
+    ev.extend(target_evidence(f.data, st))  # what the router/engine metrics said meanwhile
+    return fnd
+
+
+def rule_client_pool(f: Facts) -> Finding | None:
+    """Time lost queued for a connection, read from every record's own pool wait (whatever the run
+    length); the once-a-second sampler only corroborates. Behind a server stall the queue is a
+    consequence, and the stall rule tells that story."""
+    if f.server_stalls:
+        return None
+    pw50, pw90 = f.pool_wait_ms
+    e50, e90 = f.e2e_ms
+    waited = f.waited
+    n = len(f.recs)
+    share_ok = (pw50 is not None and e50 and pw50 >= POOL_WAIT_SHARE * e50) or \
+               (pw90 is not None and e90 and pw90 >= POOL_WAIT_SHARE * e90)
+    slow = share_ok and (pw90 or 0) >= POOL_WAIT_MIN_MS and len(waited) >= POOL_WAITED_SHARE * n
+    if not (f.pool_stalls or slow):
+        return None
+    who = f.pool_stalls or waited
+    stopped = f.stopped_by(lambda r: r.stalled_phase == "pool_wait")
+    fnd = Finding(Kind.CLIENT_POOL,
+                  f"client pool exhausted: requests waited for a free connection (limit {f.limit}): pool_wait p50 "
+                  f"{_ms(pw50)} ms = {_share(pw50, e50)} of e2e p50 {_ms(e50)} ms; {len(waited)} of {n} requests "
+                  f"waited; the server was not the bottleneck",
+                  "pool_wait", min(r.round for r in who), len({r.agent for r in who}), len(stopped))
+    ev = fnd.evidence
+    ev.append(f"rule: pool_wait at least {POOL_WAIT_SHARE:.0%} of e2e at p50 or p90, p90 at least "
+              f"{POOL_WAIT_MIN_MS:g} ms, and at least {POOL_WAITED_SHARE:.0%} of requests waited; here pool_wait "
+              f"p50 {_ms(pw50)} / p90 {_ms(pw90)} ms, e2e p50 {_ms(e50)} / p90 {_ms(e90)} ms, "
+              f"{len(waited)} of {n} requests waited")
+    if f.pool_stalls:
+        ev.append(f"{len(f.pool_stalls)} request(s) stalled in pool_wait (no connection for stall.after_s)")
+    if f.waiters_max:
+        ev.append(f"the one-second sampler saw up to {f.waiters_max} request(s) queued for a connection at "
+                  f"limit {f.limit}")
+    elif f.samples:
+        ev.append(f"the one-second sampler caught no waiters in {len(f.samples)} sample(s) (queues shorter than "
+                  f"its tick); the records above are the evidence")
+    leak = [s for s in f.samples if s.get("pool", {}).get("waiters", 0) > 0
+            and s["pool"].get("in_use", 0) > sum(k for ph, k in (s.get("inflight") or {}).items() if ph != "pool_wait")]
+    if leak:
+        ev.append(f"in {len(leak)} sample(s) more connections were in use than requests were using them: "
+                  f"connections leaked (responses not read to the end or not released)")
+    ttfb = quantile_ms([phase_ns(r.t, "ttfb") for r in f.recs if r.outcome == "ok"], 50)
+    ev.append(f"once sent, the server answered: ttfb p50 {_ms(ttfb)} ms")
+    return fnd
+
+
+def _error_finding(f: Facts, kind: Kind, errs: list[Record], summary: str, phase: str | None) -> Finding:
+    by_round = Counter(r.round for r in errs)
+    fails = {id(r) for r in errs}
+    stopped = f.stopped_by(lambda r: id(r) in fails)
+    fnd = Finding(kind, summary, phase, min(by_round), len({r.agent for r in errs}), len(stopped))
+    fnd.evidence.append("errors by round: " + ", ".join(f"round {k}: {n}" for k, n in sorted(by_round.items()))
+                        + f"; {len(stopped)} agent(s) stopped on them (error_retries exhausted)")
+    thr_text, thr = _threshold_evidence(errs, f.fine, "failed")
+    if thr is not None and thr_text:
+        fnd.evidence.append(thr_text)
+    return fnd
+
+
+def rule_connect(f: Facts) -> Finding | None:
+    errs = [r for r in f.errors if r.error in CONNECT_ERRORS]
+    if not errs:
+        return None
+    fnd = _error_finding(f, Kind.CONNECT, errs,
+                         f"connections failed: {len(errs)} of {len(f.recs)} requests could not connect "
+                         f"({fmt_counts(Counter(r.error for r in errs))})", "connect")
+    fnd.evidence.append(f"sample message: {errs[0].error_msg}")
+    return fnd
+
+
+def rule_disconnects(f: Facts) -> Finding | None:
+    """The other side closed the connection. A POST lost on a stale keep-alive connection is not
+    retried by aiohttp: every one is an agent request that failed for nothing."""
+    errs = [r for r in f.errors if r.error in DISCONNECT_ERRORS]
+    if not errs:
+        return None
+    stale = [r for r in errs if r.reused and "headers" not in r.t]
+    mid = [r for r in errs if "headers" in r.t]
+    fnd = _error_finding(f, Kind.DISCONNECTS, errs,
+                         f"the server closed connections: {len(errs)} of {len(f.recs)} requests failed "
+                         f"({len(mid)} mid-response, {len(stale)} on a stale keep-alive connection before any answer)",
+                         "stream" if len(mid) >= len(stale) else "send")
+    fnd.evidence.append(f"errors: {fmt_counts(Counter(r.error for r in errs))}")
+    if stale:
+        ka = (f.scenario.get("client") or {}).get("keepalive_timeout")
+        fnd.evidence.append(f"{len(stale)} POST(s) on a reused keep-alive connection closed before headers: aiohttp "
+                            f"does not retry these; the server's keep-alive timeout is shorter than the client's "
+                            f"({ka} s)")
+    return fnd
+
+
+def rule_server_errors(f: Facts) -> Finding | None:
+    errs = [r for r in f.errors if is_server_error(r.error)]
+    if not errs:
+        return None
+    by_round = Counter(r.round for r in errs)
+    fnd = _error_finding(f, Kind.SERVER_ERRORS, errs,
+                         f"server errors: {len(errs)} of {len(f.recs)} requests answered with errors "
+                         f"({fmt_counts(Counter(r.error for r in errs))}), first in round {min(by_round)}", "ttfb")
+    fnd.evidence.append(f"sample message: {errs[0].error_msg or '(empty body)'}")
+    endpoint = str(f.meta.get("endpoint") or "")
+    if any(r.error == "http_404" for r in errs) and "/v1" not in urlparse(endpoint).path:
+        fnd.evidence.append(f"HTTP 404 from {endpoint}: the endpoint has no /v1 in its path; OpenAI-compatible servers "
+                            f"serve /v1/chat/completions (try --endpoint {endpoint.rstrip('/')}/v1)")
+    return fnd
+
+
+def rule_bad_responses(f: Facts) -> Finding | None:
+    """Answers that came back but did not follow the protocol: not an event stream, unparseable
+    events, a stream with no token and no finish_reason. Malformed events in answers that
+    otherwise completed count too: agentload did not see them go right."""
+    errs = [r for r in f.errors if r.error in PROTOCOL_ERRORS]
+    odd = [r for r in f.recs if getattr(r, "bad_events", 0) and r.error not in PROTOCOL_ERRORS]
+    if not errs and not odd:
+        return None
+    n = len(f.recs)
+    if errs:
+        fnd = _error_finding(f, Kind.BAD_RESPONSES, errs,
+                             f"bad responses: {len(errs)} of {n} requests got an answer that is not a valid chat "
+                             f"completion ({fmt_counts(Counter(r.error for r in errs))}), first in round "
+                             f"{min(r.round for r in errs)}", "ttft")
+        fnd.evidence.append(f"sample: {errs[0].error_msg}")
+    else:
+        fnd = Finding(Kind.BAD_RESPONSES,
+                      f"bad responses: {len(odd)} of {n} answers carried malformed events (not JSON, or not the "
+                      f"fields the protocol says), first in round {min(r.round for r in odd)}",
+                      "stream", min(r.round for r in odd), len({r.agent for r in odd}), 0)
+    if odd:
+        fnd.evidence.append(f"{sum(r.bad_events for r in odd)} malformed event(s) in {len(odd)} answer(s) that "
+                            f"otherwise completed")
+    return fnd
+
+
+def rule_other_errors(f: Facts) -> Finding | None:
+    """Failures of a class no other rule knows: named, never dropped."""
+    known = DISCONNECT_ERRORS | CONNECT_ERRORS | PROTOCOL_ERRORS
+    errs = [r for r in f.errors if r.error not in known and not is_server_error(r.error)
+            and not r.stalled_phase]
+    if not errs:
+        return None
+    fnd = _error_finding(f, Kind.OTHER_ERRORS, errs,
+                         f"requests failed: {len(errs)} of {len(f.recs)} ({fmt_counts(Counter(r.error for r in errs))})",
+                         None)
+    fnd.evidence.append(f"sample message: {errs[0].error_msg}")
+    return fnd
+
+
+def rule_killed_while_stalled(f: Facts) -> Finding | None:
+    """A run killed while requests hung has no record of them: the last sample still knows."""
+    if f.meta.get("ended", True):
+        return None
+    last_stalled = next((s.get("stalled_by") for s in reversed(f.samples) if s.get("stalled_by")), None)
+    if not last_stalled:
+        return None
+    (rnd, phase), _ = max(((tuple(k.split("/")), n) for k, n in last_stalled.items()), key=lambda x: x[1])
+    total = sum(last_stalled.values())
+    return Finding(Kind.CLIENT_POOL if phase == "pool_wait" else Kind.SERVER_STALL,
+                   f"run killed while {total} request(s) were stalled (most in round {rnd}, {phase}); "
+                   f"they left no record, this comes from the last in-flight sample",
+                   phase, min(int(k.split("/")[0]) for k in last_stalled), total, total,
+                   ["stalled in flight at the last sample: " + ", ".join(
+                       f"round {k.split('/')[0]} {k.split('/')[1]}: {n}" for k, n in sorted(last_stalled.items()))])
+
+
+RULES: list[Callable[[Facts], Finding | None]] = [
+    rule_agentload_error,
+    rule_client_saturated,
+    rule_server_stall,
+    rule_client_pool,
+    rule_connect,
+    rule_disconnects,
+    rule_server_errors,
+    rule_bad_responses,
+    rule_other_errors,
+    rule_killed_while_stalled,
+]
+
+
+def findings(f: Facts, rules: list[Callable[[Facts], Finding | None]] = RULES) -> list[Finding]:
+    """Every rule's finding, the lead first: most agents stopped, then rule order."""
+    out: list[tuple[int, Finding]] = []
+    for i, rule in enumerate(rules):
+        try:
+            fnd = rule(f)
+        except Exception as e:  # a finding not computed is a failure of agentload, never a pass
+            tb = traceback.format_exc().strip().splitlines()
+            fnd = Finding(Kind.AGENTLOAD_ERROR,
+                          f"agentload could not compute the {rule.__name__.removeprefix('rule_')} rule "
+                          f"({type(e).__name__}: {e}); the verdict is incomplete",
+                          evidence=[tb[-3].strip() if len(tb) >= 3 else repr(e)])
+        if fnd is not None:
+            out.append((i, fnd))
+    out.sort(key=lambda x: (-x[1].agents_stopped, x[0]))
+    return [fnd for _, fnd in out]
+
+
+def healthy(f: Facts) -> dict[str, Any]:
+    ft = [r for r in f.fine if "first_token" in r.t]
+    to_tok = [(r.t["first_token"] - r.t["sent"]) if "sent" in r.t else None for r in ft]
+    p50, p99 = quantile_ms(to_tok, 50), quantile_ms(to_tok, 99)
+    pw90 = f.pool_wait_ms[1]
+    v = Finding(Kind.HEALTHY,
+                f"healthy: {len(f.fine)} of {len(f.recs)} requests completed without a stall over "
+                f"{max(r.round for r in f.recs)} round(s); pool_wait p90 {_ms(pw90)} ms").to_dict()
+    if ft:
+        v["evidence"].append(f"request sent -> first token: p50 {_ms(p50)} ms, p99 {_ms(p99)} ms "
+                             f"({len(ft)} answers with a token)")
+    empty = [r for r in f.fine if "first_token" not in r.t]
+    if empty:
+        v["evidence"].append(f"{len(empty)} answer(s) finished with no token "
+                             f"({fmt_counts(Counter(str(r.finish_reason) for r in empty))})")
+    if f.waiters_max:
+        v["evidence"].append(f"up to {f.waiters_max} waiter(s) queued for a connection, below the pool rule's "
+                             f"threshold")
+    return v
+
+
+def diagnose(data: "RunData") -> dict[str, Any]:
+    """The verdict: the lead finding's fields, its evidence, and the others as `secondary`."""
+    f = Facts(data)
+    found = findings(f)
+    if not found:
+        if not f.recs:
+            v = Finding(Kind.NO_DATA, "no agent request was recorded, so there is nothing to judge").to_dict()
+        else:
+            v = healthy(f)
+        v["secondary"] = []
+        return v
+    v = found[0].to_dict()
+    v["secondary"] = [x.to_dict() for x in found[1:]]
+    return v
 
 
 def agent_outcomes(data: "RunData") -> list[dict[str, Any]]:
@@ -37,7 +528,10 @@ def agent_outcomes(data: "RunData") -> list[dict[str, Any]]:
     sc = data.meta.get("scenario") or {}
     max_rounds = int((sc.get("agents") or {}).get("rounds") or 0)
     model_mode = (sc.get("conversation") or {}).get("mode") == "model"
+    at_duration = data.meta.get("ended_by") == "duration"
     stopped_early = bool(data.meta.get("cut_short")) or not data.meta.get("ended", True)
+    crashed = {c["agent"]: c for c in data.meta.get("crashes") or [] if c.get("where") == "agent"
+               and c.get("agent") is not None}
     out = []
     for agent in sorted(per):
         recs = per[agent]
@@ -45,7 +539,11 @@ def agent_outcomes(data: "RunData") -> list[dict[str, Any]]:
         ok_rounds = {r.round for r in recs if r.outcome == "ok"}
         last = recs[-1]
         entry: dict[str, Any] = {"agent": agent, "rounds_completed": len(ok_rounds), "requests": len(recs)}
-        if last.stalled_phase and last.outcome != "ok":
+        if agent in crashed:
+            c = crashed[agent]
+            entry.update(outcome="crashed", error=f"{c.get('error')}: {c.get('message')}",
+                         error_round=c.get("round"))
+        elif last.stalled_phase and last.outcome != "ok":
             # Given up, cut short while stalled, or ended by the server after it stalled: the stall is the story.
             entry.update(outcome="stalled", stalled_round=last.round, stalled_phase=last.stalled_phase)
             if last.outcome == "error":
@@ -54,245 +552,17 @@ def agent_outcomes(data: "RunData") -> list[dict[str, Any]]:
             entry["outcome"] = "cut_short"
         elif last.outcome == "error":
             entry.update(outcome="error", error=last.error, error_round=last.round)
-        elif stopped_early and last.round < max_rounds and not (model_mode and last.tool_calls == 0):
-            entry["outcome"] = "cut_short"  # the run stopped (duration, signal) between two of its rounds
+        elif last.round < max_rounds and not (model_mode and last.tool_calls == 0):
+            # the run stopped between two of its rounds: at duration_s as planned, or early (signal)
+            entry["outcome"] = "duration_reached" if at_duration else ("cut_short" if stopped_early else "done")
         else:
             entry["outcome"] = "done"
         stalls = [r for r in recs if r.stalled_phase]
         if stalls and "stalled_round" not in entry:
             entry["stalls_survived"] = len(stalls)
         out.append(entry)
+    for agent, c in sorted(crashed.items()):  # crashed before its first request: no record at all
+        if agent not in per:
+            out.append({"agent": agent, "rounds_completed": 0, "requests": 0, "outcome": "crashed",
+                        "error": f"{c.get('error')}: {c.get('message')}", "error_round": c.get("round")})
     return out
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
-
-
-def _threshold_evidence(stalled: list[Record], fine: list[Record]) -> tuple[str | None, int | None]:
-    """A clean prompt-size threshold is the strongest clue there is: say so when there is one."""
-    if not stalled:
-        return None, None
-    lo_stalled = min(r.prompt_tokens for r in stalled)
-    hi_stalled = max(r.prompt_tokens for r in stalled)
-    below = [r.prompt_tokens for r in fine if r.prompt_tokens < lo_stalled]
-    above_ok = [r.prompt_tokens for r in fine if r.prompt_tokens >= lo_stalled]
-    if not above_ok and below:
-        return (f"every request at or above {lo_stalled:,} prompt tokens stalled ({len(stalled)}), none below "
-                f"(largest that completed: {max(below):,} tokens)"), lo_stalled
-    return (f"stalled prompts {lo_stalled:,}-{hi_stalled:,} tokens; {len(above_ok)} request(s) of that size or "
-            f"larger completed, so size alone does not explain it"), None
-
-
-def _fmt_phase_counts(c: Counter) -> str:
-    return ", ".join(f"round {rnd} {ph}: {n}" for (rnd, ph), n in sorted(c.items()))
-
-
-def diagnose(data: "RunData") -> dict[str, Any]:
-    recs = [r for r in data.records if r.kind == "agent"]
-    canaries = [r for r in data.records if r.kind == "canary"]
-    samples = data.samples
-    agents = {r.agent for r in recs}
-    v: dict[str, Any] = {"kind": "healthy", "phase": None, "first_round": None, "agents_affected": 0,
-                         "summary": "", "evidence": []}
-    if not recs:
-        v.update(kind="no_data", summary="no agent request was recorded, so there is nothing to judge")
-        return v
-    ev: list[str] = v["evidence"]
-    after_s = float((data.meta.get("scenario", {}).get("stall", {}) or {}).get("after_s") or 10.0)
-    max_lag = max([s.get("loop_lag_ms", 0.0) for s in samples] + [data.meta.get("max_loop_lag_ms") or 0.0])
-
-    stalled = [r for r in recs if r.stalled_phase]
-    fine = [r for r in recs if not r.stalled_phase and r.outcome == "ok"]
-    errors = [r for r in recs if r.outcome == "error"]
-    disconnects = [r for r in errors if r.error in DISCONNECT_ERRORS]
-    connects = [r for r in errors if r.error in CONNECT_ERRORS]
-    http_errors = [r for r in errors if r.error and (r.error.startswith("http_") or r.error == "inband_error")]
-    waiters_max = max([s.get("pool", {}).get("waiters", 0) for s in samples] + [0])
-    limit = (data.meta.get("scenario", {}).get("client", {}) or {}).get("limit", 0)
-
-    # 1. agentload itself could not keep up: nothing else it says can be trusted. A single
-    # spike (start-up, a noisy neighbour) is a warning in the report, not a verdict: the lag
-    # must be sustained over most of the run's samples.
-    lagged = [s for s in samples if s.get("loop_lag_ms", 0.0) >= SATURATION_LAG_MS]
-    if len(lagged) >= SATURATED_MIN_SAMPLES and len(lagged) >= SATURATED_SHARE * len(samples):
-        v.update(kind="client_saturated", agents_affected=len(agents),
-                 summary=(f"agentload's own event loop lagged {max_lag:.0f} ms: its timings are not to be trusted; "
-                          f"run fewer agents per process or use --workers"))
-        ev.append(f"event-loop lag at or above {SATURATION_LAG_MS:.0f} ms in {len(lagged)} of {len(samples)} "
-                  f"one-second samples; largest {max_lag:.0f} ms")
-        return v
-
-    # 2. A real pool bottleneck: time spent queued for a slot, with waiters queued at the limit.
-    pool_waits = [phase_ns(r.t, "pool_wait", r.reused) or 0 for r in recs]
-    pool_stalls = [r for r in stalled if r.stalled_phase == "pool_wait"]
-    e2e = [phase_ns(r.t, "e2e") or 0 for r in recs if r.outcome == "ok"]
-    pw90 = _pct(pool_waits, 0.9) / 1e6
-    e2e90 = _pct(e2e, 0.9) / 1e6
-    queued = [r for r in recs if "queued_start" in r.t]
-    server_stalls = [r for r in stalled if r.stalled_phase in ("ttfb", "ttft", "stream")]
-    pool_explains = bool(waiters_max > 0 and queued and (
-        pool_stalls or (pw90 >= SLOW_POOL_WAIT_MS and pw90 >= POOL_WAIT_SHARE * max(e2e90, 1e-9))))
-
-    # A request stalled at the server holds its connection: with a small pool, the requests
-    # behind it then wait in pool_wait. That queue is a consequence, never the cause, so any
-    # stall past the pool makes this a server stall.
-    if server_stalls:
-        phases = Counter((r.round, r.stalled_phase) for r in server_stalls)
-        main_phase = Counter(r.stalled_phase for r in server_stalls).most_common(1)[0][0]
-        first_round = min(r.round for r in server_stalls)
-        affected = {r.agent for r in server_stalls}
-        all_finished = all(r.outcome == "ok" for r in server_stalls)
-        v.update(kind="server_slow" if all_finished else "server_stall", phase=main_phase,
-                 first_round=first_round, agents_affected=len(affected))
-        thr_text, thr = _threshold_evidence(server_stalls, fine)
-        if all_finished:
-            worst = max((phase_ns(r.t, "e2e") or 0) for r in server_stalls) / 1e9
-            summary = (f"server slow, not hung: {len(server_stalls)} request(s) of {len(affected)} agents made no "
-                       f"progress in {main_phase} for over stall.after_s from round {first_round} on, but all finished "
-                       f"(slowest {worst:.1f} s)")
-        else:
-            summary = (f"server stall: {len(affected)} of {len(agents)} agents stopped making progress in {main_phase} "
-                       f"from round {first_round} on")
-        if thr is not None:
-            summary += f", every request at or above {thr:,} prompt tokens stalled"
-        queued_agents = {r.agent for r in pool_stalls} - affected
-        if not pool_stalls:
-            summary += "; the client pool is not the cause"
-        else:
-            summary += (f"; they held the client pool's connections, so {len(queued_agents)} more agent(s) queued "
-                        f"behind them (a consequence, not the cause)")
-            v["agents_affected"] = len(affected | queued_agents)
-        v["summary"] = summary
-        ev.append(f"stalled requests by round and phase: {_fmt_phase_counts(phases)}")
-        if thr_text:
-            ev.append(thr_text)
-        first_stall: dict[int, int] = {}
-        for r in server_stalls:
-            first_stall[r.agent] = min(first_stall.get(r.agent, r.round), r.round)
-        before = [len({f.round for f in fine if f.agent == a and f.round < rnd}) for a, rnd in first_stall.items()]
-        if before and min(before) > 0:
-            lo, hi = min(before), max(before)
-            ev.append(f"each affected agent completed {lo if lo == hi else f'{lo}-{hi}'} round(s) before its first stall")
-        pings = sum(r.comments for r in server_stalls)
-        if pings:
-            ev.append(f"{pings} SSE comment(s) (': ping') arrived on stalled requests: bytes flowed, tokens did not")
-        free = [s for s in samples if s.get("stalled") and s.get("pool", {}).get("waiters", 0) == 0]
-        if samples and any(s.get("stalled") for s in samples):
-            ev.append(f"the pool had no waiters queued in {len(free)} of "
-                      f"{sum(1 for s in samples if s.get('stalled'))} samples taken while requests were stalled "
-                      f"(limit {limit or 'unlimited'}, max waiters seen {waiters_max})")
-        reused = sum(1 for r in server_stalls if r.reused)
-        ev.append(f"stalled requests on reused keep-alive connections: {reused}, on new connections: "
-                  f"{sum(1 for r in server_stalls if r.reused is False)}")
-        if server_stalls:
-            t0 = min(r.t.get("start", 0) for r in server_stalls)
-            during = [c for c in canaries if c.t.get("start", 0) >= t0]
-            ok = [c for c in during if c.outcome == "ok"]
-            if during:
-                lat = sorted((phase_ns(c.t, "e2e") or 0) / 1e6 for c in ok)
-                med = lat[len(lat) // 2] if lat else None
-                quick = med is not None and med < after_s * 1000
-                text = (f"canaries (fresh connection, short prompt) sent after the first stalled request: "
-                        f"{len(ok)}/{len(during)} succeeded" + (f", median {med:.0f} ms" if med is not None else ""))
-                if ok and len(ok) == len(during) and quick:
-                    text += ": the server is up and the hang depends on the agents' state"
-                elif ok and not quick:
-                    text += ": canaries were slow too, so the server is slow for everyone, not only for these agents"
-                elif not ok:
-                    text += ": the server is not answering anyone"
-                ev.append(text)
-        if pool_stalls:
-            ev.append(f"{len(pool_stalls)} more request(s) stalled in pool_wait behind them: the stalled requests "
-                      f"held the pool's connections (limit {limit}, up to {waiters_max} waiters)")
-        gave_up = sum(1 for r in server_stalls if r.outcome == "stalled")
-        later_ok = sum(1 for r in server_stalls if r.outcome == "ok")
-        ended = Counter(r.error for r in server_stalls if r.outcome == "error")
-        ev.append(f"{gave_up} stalled request(s) were given up after give_up_s; {later_ok} finished late"
-                  + (f"; {sum(ended.values())} were ended by the other side ("
-                     + ", ".join(f"{k} x{n}" for k, n in ended.most_common()) + ")" if ended else ""))
-        ev.extend(target_evidence(data, server_stalls))  # what the router/engine metrics said meanwhile
-        return v
-
-    if pool_explains:
-        affected = {r.agent for r in (pool_stalls or queued)}
-        first_round = min(r.round for r in (pool_stalls or queued))
-        v.update(kind="client_pool", phase="pool_wait", first_round=first_round, agents_affected=len(affected),
-                 summary=(f"client pool exhausted: requests waited for a free connection (limit {limit}), "
-                          f"pool_wait p90 {pw90:.0f} ms of e2e p90 {e2e90:.0f} ms; the server was not the bottleneck"))
-        ev.append(f"up to {waiters_max} request(s) queued for a connection at limit {limit}")
-        leak = [s for s in samples if s.get("pool", {}).get("waiters", 0) > 0
-                and s["pool"].get("in_use", 0) > sum(n for ph, n in (s.get("inflight") or {}).items() if ph != "pool_wait")]
-        if leak:
-            ev.append(f"in {len(leak)} sample(s) more connections were in use than requests were using them: "
-                      f"connections leaked (responses not read to the end or not released)")
-        ev.append(f"{len(queued)} of {len(recs)} requests waited in the pool; pool_wait p90 {pw90:.0f} ms")
-        if pool_stalls:
-            ev.append(f"{len(pool_stalls)} request(s) stalled in pool_wait (no connection for stall.after_s)")
-        ttfb = [(phase_ns(r.t, 'ttfb') or 0) / 1e6 for r in recs if r.outcome == "ok"]
-        ev.append(f"once sent, the server answered: ttfb p50 {_pct(ttfb, 0.5):.0f} ms")
-        return v
-
-    if connects and len(connects) >= ERROR_SHARE * len(recs):
-        v.update(kind="connect", phase="connect", first_round=min(r.round for r in connects),
-                 agents_affected=len({r.agent for r in connects}),
-                 summary=f"connections failed: {len(connects)} of {len(recs)} requests could not connect")
-        ev.append(f"errors: {dict(Counter(r.error for r in connects))}")
-        return v
-
-    stale = [r for r in disconnects if r.reused and "headers" not in r.t]
-    # A POST lost on a stale keep-alive connection is not retried by aiohttp: every one is an
-    # agent request that failed for nothing, so any number of them is worth a verdict.
-    if disconnects and (stale or len(disconnects) >= max(1, ERROR_SHARE * len(recs))):
-        mid = [r for r in disconnects if "headers" in r.t]
-        first = min(r.round for r in disconnects)
-        phase = "stream" if len(mid) >= len(stale) else "send"
-        v.update(kind="disconnects", phase=phase, first_round=first,
-                 agents_affected=len({r.agent for r in disconnects}),
-                 summary=(f"the server closed connections: {len(disconnects)} of {len(recs)} requests failed "
-                          f"({len(mid)} mid-response, {len(stale)} on a stale keep-alive connection before any answer)"))
-        ev.append(f"errors: {dict(Counter(r.error for r in disconnects))}")
-        if stale:
-            ev.append(f"{len(stale)} POST(s) on a reused keep-alive connection closed before headers: aiohttp does "
-                      f"not retry these; the server's keep-alive timeout is shorter than the client's "
-                      f"({(data.meta.get('scenario', {}).get('client', {}) or {}).get('keepalive_timeout')} s)")
-        return v
-
-    if http_errors and len(http_errors) >= max(1, ERROR_SHARE * len(recs)):
-        by_round = Counter(r.round for r in http_errors)
-        first = min(by_round)
-        v.update(kind="server_errors", phase="ttfb", first_round=first,
-                 agents_affected=len({r.agent for r in http_errors}),
-                 summary=(f"server errors: {len(http_errors)} of {len(recs)} requests answered with errors "
-                          f"({', '.join(f'{k} x{n}' for k, n in Counter(r.error for r in http_errors).most_common())}), "
-                          f"first in round {first}"))
-        ev.append("errors by round: " + ", ".join(f"round {k}: {n}" for k, n in sorted(by_round.items())))
-        ev.append(f"sample message: {http_errors[0].error_msg}")
-        return v
-
-    # A run killed while requests hung has no record of them: the last sample still knows.
-    last_stalled = next((s.get("stalled_by") for s in reversed(samples) if "stalled_by" in s), None)
-    if last_stalled and not data.meta.get("ended", True):
-        (rnd, phase), n = max(((tuple(k.split("/")), n) for k, n in last_stalled.items()), key=lambda x: x[1])
-        total = sum(last_stalled.values())
-        kind = "client_pool" if phase == "pool_wait" else "server_stall"
-        v.update(kind=kind, phase=phase, first_round=min(int(k.split("/")[0]) for k in last_stalled),
-                 agents_affected=total,
-                 summary=(f"run killed while {total} request(s) were stalled (most in round {rnd}, {phase}); "
-                          f"they left no record, this comes from the last in-flight sample"))
-        ev.append("stalled in flight at the last sample: " + ", ".join(
-            f"round {k.split('/')[0]} {k.split('/')[1]}: {n}" for k, n in sorted(last_stalled.items())))
-        return v
-
-    v["summary"] = (f"healthy: {len(fine)} of {len(recs)} requests completed without a stall over "
-                    f"{max(r.round for r in recs)} round(s); no pool queueing that mattered")
-    ttft = [((phase_ns(r.t, 'ttfb') or 0) + (phase_ns(r.t, 'ttft') or 0)) / 1e6 for r in fine]
-    ev.append(f"time to first token p50 {_pct(ttft, 0.5):.0f} ms, p99 {_pct(ttft, 0.99):.0f} ms")
-    if errors:
-        ev.append(f"{len(errors)} error(s) below the {ERROR_SHARE:.0%} threshold: {dict(Counter(r.error for r in errors))}")
-    if waiters_max:
-        ev.append(f"up to {waiters_max} waiter(s) queued for a connection, pool_wait p90 {pw90:.0f} ms")
-    return v

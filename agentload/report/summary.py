@@ -10,7 +10,7 @@ from typing import Any
 
 from agentload.diagnose import agent_outcomes, diagnose
 from agentload.report.rundir import RunData
-from agentload.stats import by_round
+from agentload.stats import by_round, histogram_of, percentiles_ms
 from agentload.target_evidence import scrape_summary
 
 MIN_SAMPLES_PER_ROUND = 10
@@ -52,12 +52,12 @@ def run_section(data: RunData) -> dict[str, Any]:
 
 def _start_lateness(data: RunData) -> dict[str, float] | None:
     """Open loop: how late first requests went out against their intended start (ms)."""
-    late = sorted((r.t["start"] - r.t["intended"]) / 1e6 for r in data.records
-                  if "intended" in r.t and "start" in r.t)
+    late = [r.t["start"] - r.t["intended"] for r in data.records if "intended" in r.t and "start" in r.t]
     if not late:
         return None
-    return {"n": len(late), "p50": round(late[len(late) // 2], 3), "p99": round(late[int(0.99 * (len(late) - 1))], 3),
-            "max": round(late[-1], 3)}
+    h = histogram_of(late)
+    pct = percentiles_ms(h, (50, 99)) or {}
+    return {"n": len(late), "p50": pct[50], "p99": pct[99], "max": round(max(late) / 1e6, 3)}
 
 
 def warnings_for(data: RunData, rounds: dict) -> list[str]:
@@ -71,31 +71,32 @@ def warnings_for(data: RunData, rounds: dict) -> list[str]:
                  f"no further round; {cut} request(s) still in flight at the end were recorded as cut_short")
     if data.torn_lines:
         w.append(f"{data.torn_lines} torn line(s) in records.jsonl were skipped (the run was killed mid-write)")
+    if getattr(data, "other_run_records", 0):
+        w.append(f"{data.other_run_records} record(s) of other runs in this folder were skipped: this report "
+                 f"covers run {m.get('run')} only (was the folder reused with --out?)")
     lag = max([s.get("loop_lag_ms", 0.0) for s in data.samples] + [m.get("max_loop_lag_ms", 0.0) or 0.0])
     if lag >= LOOP_LAG_WARN_MS:
         n_lag = sum(1 for s in data.samples if s.get("loop_lag_ms", 0.0) >= LOOP_LAG_WARN_MS)
         w.append(f"agentload's event loop lagged up to {lag:.0f} ms"
                  + (f" (in {n_lag} of {len(data.samples)} one-second samples)" if data.samples else "")
                  + ": its own timings may be late by that much")
-    thin = [r for r, st in sorted(rounds.items()) if st.completed < MIN_SAMPLES_PER_ROUND]
-    if thin:
-        shown = ", ".join(str(r) for r in thin[:8]) + (" ..." if len(thin) > 8 else "")
-        w.append(f"fewer than {MIN_SAMPLES_PER_ROUND} completed requests in round(s) {shown}: their percentiles are rough")
+    # Per round, a thin p99 is marked in the tables themselves (`thin` in each round's entry);
+    # only a run too small as a whole is worth a warning.
+    completed = sum(st.completed for st in rounds.values())
+    if 0 < completed < MIN_SAMPLES_PER_ROUND:
+        w.append(f"only {completed} completed request(s) in the whole run: its percentiles are rough")
     return w
 
 
 def timing_error(records: list) -> dict[str, Any] | None:
     """agentload's own lateness where the server stamps its sends (the mock, bench/server.py):
     the client's first-token stamp minus the server's `mock_sent_ns`, same host, same clock."""
-    d = sorted(r.t["first_token"] - r.server_first_token_ns for r in records
-               if r.kind == "agent" and r.server_first_token_ns is not None and "first_token" in r.t)
+    d = [r.t["first_token"] - r.server_first_token_ns for r in records
+         if r.kind == "agent" and r.server_first_token_ns is not None and "first_token" in r.t]
     if not d:
         return None
-
-    def pick(q: float) -> float:
-        return round(d[min(len(d) - 1, int(q * len(d)))] / 1e6, 3)
-
-    return {"n": len(d), "p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": round(d[-1] / 1e6, 3)}
+    pct = percentiles_ms(histogram_of(d), (50, 99)) or {}
+    return {"n": len(d), "p50_ms": pct[50], "p99_ms": pct[99], "max_ms": round(max(d) / 1e6, 3)}
 
 
 def build_summary(data: RunData) -> dict[str, Any]:
@@ -115,7 +116,7 @@ def build_summary(data: RunData) -> dict[str, Any]:
         },
         "phases": overall.phases(),
         "rounds": [
-            {"round": rnd, **st.counts(), "phases": st.phases()}
+            {"round": rnd, **st.counts(), "phases": st.phases(), "thin": st.completed < MIN_SAMPLES_PER_ROUND}
             for rnd, st in sorted(rounds.items())
         ],
         "agents": agents,

@@ -9,19 +9,11 @@ from rich.console import Console
 from rich.table import Table
 
 from agentload.records import REPORT_PHASES
+from agentload.stats import fmt_ms
 
 _PHASE_COLS = REPORT_PHASES
 
 
-def fmt_ms(v: float | None, sep: str = "") -> str:
-    """Milliseconds for people: 3 significant-ish digits, seconds past 10 s."""
-    if v is None:
-        return "-"
-    if v >= 10_000:
-        return f"{v / 1000:.1f}{sep}s"
-    if v >= 100:
-        return f"{v:.0f}"
-    return f"{v:.1f}"
 
 
 _ms = fmt_ms
@@ -44,13 +36,18 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
     con.print(f"VERDICT [{v.get('kind', '?')}] {v.get('summary', '')}", soft_wrap=True, markup=False)
     for e in v.get("evidence", []):
         con.print(f"  - {e}", soft_wrap=True, markup=False)
+    for sec in v.get("secondary", []):  # the other findings, in order: each one line with its evidence
+        con.print(f"ALSO [{sec['kind']}] {sec['summary']}", soft_wrap=True, markup=False)
+        for e in sec.get("evidence", []):
+            con.print(f"  - {e}", soft_wrap=True, markup=False)
     con.print()
     state = "cut short: " + (run.get("stop_reason") or "") if run.get("cut_short") else "ended normally"
     con.print(f"run {run['id']}  scenario {run['scenario']}  {run.get('duration_s')} s  {state}", markup=False)
     con.print(f"target {run['endpoint']}{' (embedded mock)' if run.get('embedded_mock') else ''}  "
               f"model {run.get('model')}", markup=False)
     con.print(f"agents {tot['agents']}  requests {tot['requests']}  completed {tot['completed']}  "
-              f"errors {tot['errors']}  stalled {tot['stalled']}  cut short {tot['cut_short']}  "
+              f"errors {tot['errors']}  stalled {tot['stalled']} (given up {tot.get('given_up', 0)})  "
+              f"cut short {tot['cut_short']}  "
               f"rounds completed {tot['rounds_completed']}  canaries {tot['canaries_ok']}/{tot['canaries']} ok")
     c = run.get("client", {})
     s = run.get("stall", {})
@@ -68,20 +65,22 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
               markup=False, soft_wrap=True)
     te = summary.get("timing_error")
     if te:
-        con.print(f"timing error vs the server's own send stamp (first token seen - sent): p50 {te['p50_ms']:.2f} ms, "
-                  f"p99 {te['p99_ms']:.2f} ms, max {te['max_ms']:.1f} ms over {te['n']} requests",
+        con.print(f"timing error vs the server's own send stamp (first token seen - sent): p50 {fmt_ms(te['p50_ms'])} "
+                  f"ms, p99 {fmt_ms(te['p99_ms'])} ms, max {fmt_ms(te['max_ms'])} ms over {te['n']} requests",
                   soft_wrap=True, markup=False)
     for url, st in (summary.get("target_metrics") or {}).items():
         con.print(f"target metrics {url}: {st['ok']} scrapes ok, {st['failed']} failed, {st['series']} series"
                   + (f" (e.g. {st['errors'][0]})" if st.get("errors") else "") + " -> target_metrics.jsonl",
                   soft_wrap=True, markup=False)
-    table = Table(title="per round: p50 / p99 ms", title_justify="left", show_edge=False, pad_edge=False)
+    thin = any(r.get("thin") for r in summary["rounds"])
+    title = "per round: p50 / p99 ms" + ("  (* fewer than 10 completed: p99 is about the max)" if thin else "")
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for col in ("round", "req", "ok", "err", "stall"):
         table.add_column(col, justify="right")
     for p in _PHASE_COLS:
         table.add_column(p, justify="right")
     for r in summary["rounds"]:
-        table.add_row(str(r["round"]), str(r["requests"]), str(r["completed"]), str(r["errors"]),
+        table.add_row(f"{r['round']}{'*' if r.get('thin') else ''}", str(r["requests"]), str(r["completed"]), str(r["errors"]),
                       str(r["stalled"]), *(_cell(r["phases"].get(p)) for p in _PHASE_COLS))
     if summary["rounds"]:
         table.add_row("all", str(tot["requests"]), str(tot["completed"]), str(tot["errors"]),

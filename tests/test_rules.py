@@ -1,0 +1,299 @@
+"""Each verdict rule on synthetic runs: its positive case, its near misses, its precedence.
+
+Fast (no HTTP): the end-to-end verdicts over real HTTP live in test_verdicts.py and
+test_fail_closed_*.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+from agentload.diagnose import RULES, Facts, Kind, diagnose, findings
+
+from helpers import REPO
+from records_factory import RunBuilder
+
+
+def healthy_base(agents: int = 4, rounds: int = 3, **kw) -> RunBuilder:
+    run = RunBuilder(agents=agents, rounds=rounds, **kw)
+    run.agents_done(range(agents), range(1, rounds + 1))
+    return run
+
+
+def kinds(run: RunBuilder) -> list[str]:
+    v = diagnose(run.data())
+    return [v["kind"]] + [s["kind"] for s in v["secondary"]]
+
+
+def test_all_fine_is_healthy_and_says_what_it_measured():
+    v = diagnose(healthy_base().data())
+    assert v["kind"] == "healthy" and v["secondary"] == []
+    assert "12 of 12 requests" in v["summary"]
+    assert any("sent -> first token" in e for e in v["evidence"])
+
+
+def test_no_records_is_no_data_never_healthy():
+    assert diagnose(RunBuilder().data())["kind"] == "no_data"
+
+
+def test_a_phase_that_never_happened_is_absent_not_zero():
+    run = healthy_base()
+    # answers that legitimately finished empty: a finish_reason, no token
+    run.ok(0, 4, ttft_ms=None, finish_reason="stop")
+    run.ok(1, 4, ttft_ms=None, finish_reason="stop")
+    v = diagnose(run.data())
+    assert v["kind"] == "healthy"
+    tok = next(e for e in v["evidence"] if "first token" in e)
+    assert "p50 0" not in tok and "(12 answers with a token)" in tok
+    assert any("2 answer(s) finished with no token (stop x2)" in e for e in v["evidence"])
+
+
+# ------------------------------------------------------------------ agentload_error
+
+
+def test_a_crashed_agent_blames_agentload():
+    run = healthy_base()
+    run.meta["crashes"] = [{"where": "agent", "agent": 2, "round": 1, "error": "AttributeError",
+                            "message": "'str' object has no attribute 'get'",
+                            "traceback": "Traceback\n  File x, line 3, in attempt\nAttributeError"}]
+    v = diagnose(run.data())
+    assert v["kind"] == "agentload_error" and v["first_round"] == 1 and v["agents_stopped"] == 1
+    assert "AttributeError" in v["summary"] and "agent 2 in round 1" in v["evidence"][0]
+
+
+def test_a_dead_watchdog_is_a_finding_even_when_every_request_went_fine():
+    run = healthy_base()
+    run.meta["crashes"] = [{"where": "watchdog", "agent": None, "round": None, "error": "RuntimeError",
+                            "message": "boom", "traceback": ""}]
+    v = diagnose(run.data())
+    assert v["kind"] == "agentload_error"
+    assert any("stalls after that point may not have been detected" in e for e in v["evidence"])
+
+
+def test_an_empty_crash_list_is_not_a_finding():
+    run = healthy_base()
+    run.meta["crashes"] = []
+    assert diagnose(run.data())["kind"] == "healthy"
+
+
+def test_a_rule_that_raises_is_a_finding_not_a_pass():
+    def rule_broken(f: Facts):
+        raise ZeroDivisionError("division by zero")
+
+    found = findings(Facts(healthy_base().data()), [rule_broken])
+    assert [f.kind for f in found] == [Kind.AGENTLOAD_ERROR]
+    assert "could not compute the broken rule" in found[0].summary
+
+
+# ------------------------------------------------------------------ client_saturated
+
+
+def test_sustained_loop_lag_is_client_saturated_but_a_spike_is_not():
+    run = healthy_base()
+    for _ in range(9):
+        run.sample(loop_lag_ms=5.0)
+    run.sample(loop_lag_ms=400.0)
+    assert diagnose(run.data())["kind"] == "healthy"
+    run.samples.clear()
+    for _ in range(6):
+        run.sample(loop_lag_ms=350.0)
+    for _ in range(4):
+        run.sample(loop_lag_ms=5.0)
+    v = diagnose(run.data())
+    assert v["kind"] == "client_saturated" and "350 ms" in v["evidence"][0]
+
+
+# ------------------------------------------------------------------ server_stall / server_slow
+
+
+def test_hung_requests_past_the_pool_are_a_server_stall_with_round_and_phase():
+    run = RunBuilder(agents=4, rounds=4)
+    run.agents_done(range(4), range(1, 4), prompt_tokens=None)
+    for a in range(3):
+        run.stalled(a, 4, "ttfb", prompt_tokens=6000)
+    run.ok(3, 4, prompt_tokens=500)
+    v = diagnose(run.data())
+    assert (v["kind"], v["phase"], v["first_round"], v["agents_stopped"]) == ("server_stall", "ttfb", 4, 3)
+    assert "3 of 4 agents" in v["summary"] and "6,000 prompt tokens" in v["summary"]
+    assert any("completed 3 round(s) before its first stall" in e for e in v["evidence"])
+
+
+def test_stalls_that_all_finished_are_server_slow_and_stop_nobody():
+    run = healthy_base()
+    run.ok(0, 4, ttfb_ms=7000, stalled_phase="ttfb")
+    v = diagnose(run.data())
+    assert v["kind"] == "server_slow" and v["agents_stopped"] == 0
+
+
+def test_a_stall_in_pool_wait_alone_is_not_a_server_stall():
+    run = healthy_base()
+    run.stalled(0, 4, "pool_wait")
+    v = diagnose(run.data())
+    assert v["kind"] == "client_pool" and v["phase"] == "pool_wait"
+
+
+def test_pool_queueing_behind_a_server_stall_is_a_consequence():
+    run = RunBuilder(agents=6, rounds=2, limit=2)
+    run.agents_done(range(6), range(1, 2))
+    run.stalled(0, 2, "ttfb")
+    run.stalled(1, 2, "ttfb")
+    for a in range(2, 6):
+        run.stalled(a, 2, "pool_wait")
+    v = diagnose(run.data())
+    assert v["kind"] == "server_stall" and v["agents_affected"] == 6
+    assert "client_pool" not in [s["kind"] for s in v["secondary"]]
+    assert "a consequence, not the cause" in v["summary"]
+
+
+# ------------------------------------------------------------------ client_pool
+
+
+def test_pool_wait_from_the_records_names_the_pool_without_any_sampler_waiters():
+    run = RunBuilder(agents=8, rounds=2, limit=2)
+    for rnd in (1, 2):
+        for a in range(8):
+            run.ok(a, rnd, pool_wait_ms=80, ttfb_ms=5, ttft_ms=30, stream_ms=20)
+    run.sample()  # the sampler saw no waiters: a short run
+    v = diagnose(run.data())
+    assert (v["kind"], v["phase"], v["first_round"]) == ("client_pool", "pool_wait", 1)
+    assert "16 of 16 requests waited" in v["summary"] and "pool_wait p50 80" in v["summary"]
+    assert any(e.startswith("rule: pool_wait at least 20% of e2e") for e in v["evidence"])
+    assert any("sampler caught no waiters" in e for e in v["evidence"])
+
+
+def test_short_pool_waits_are_healthy():
+    run = RunBuilder(agents=8, rounds=2)
+    for a in range(8):
+        run.ok(a, 1, pool_wait_ms=1, ttfb_ms=50, ttft_ms=200, stream_ms=100)
+    assert diagnose(run.data())["kind"] == "healthy"  # 1 ms of ~350: not worth a verdict
+
+
+def test_a_few_long_waits_among_many_requests_are_healthy():
+    run = healthy_base(agents=10, rounds=10)
+    run.ok(0, 11, pool_wait_ms=500)  # 1 of 101 waited (< 5%)
+    assert diagnose(run.data())["kind"] == "healthy"
+
+
+# ------------------------------------------------------------------ connect, disconnects, server errors
+
+
+def test_one_connect_error_is_a_connect_finding():
+    run = healthy_base()
+    run.error(3, 4, "ClientConnectorError", ttfb_ms=None, reused=False)
+    v = diagnose(run.data())
+    assert v["kind"] == "connect" and v["phase"] == "connect" and v["agents_stopped"] == 1
+
+
+def test_a_stale_keepalive_post_is_disconnects_in_send():
+    run = healthy_base()
+    run.error(1, 4, "ServerDisconnectedError", ttfb_ms=None, reused=True)
+    v = diagnose(run.data())
+    assert (v["kind"], v["phase"]) == ("disconnects", "send")
+    assert any("aiohttp does not retry these" in e for e in v["evidence"])
+
+
+def test_a_single_server_error_is_never_healthy():
+    run = healthy_base(agents=10, rounds=10)
+    run.error(0, 11, "http_503")
+    v = diagnose(run.data())
+    assert v["kind"] == "server_errors" and "1 of 101" in v["summary"]
+
+
+def test_a_404_without_v1_in_the_endpoint_gets_a_hint():
+    run = healthy_base()
+    run.meta["endpoint"] = "http://127.0.0.1:8000"
+    run.error(0, 1, "http_404")
+    v = diagnose(run.data())
+    assert any("has no /v1" in e and "http://127.0.0.1:8000/v1" in e for e in v["evidence"])
+    run.meta["endpoint"] = "http://127.0.0.1:8000/v1"
+    assert not any("has no /v1" in e for e in diagnose(run.data())["evidence"])
+
+
+def test_error_counts_are_written_for_people_not_as_a_python_dict():
+    run = healthy_base()
+    run.error(0, 4, "ClientPayloadError")
+    run.error(1, 4, "ClientPayloadError")
+    v = diagnose(run.data())
+    assert "errors: ClientPayloadError x2" in v["evidence"]
+    assert not any("{" in e for e in v["evidence"])
+
+
+# ------------------------------------------------------------------ bad responses, other errors
+
+
+def test_an_answer_that_is_not_a_stream_is_a_bad_response():
+    run = healthy_base()
+    run.error(0, 4, "not_a_stream", error_msg="HTTP 200 text/html, not an event stream: <html>",
+              ttft_ms=None)
+    v = diagnose(run.data())
+    assert v["kind"] == "bad_responses" and "<html>" in " ".join(v["evidence"])
+
+
+def test_malformed_events_in_answers_that_completed_keep_the_verdict_from_healthy():
+    run = healthy_base()
+    run.ok(0, 4, bad_events=3)
+    assert run.records[-1].bad_events == 3
+    v = diagnose(run.data())
+    assert v["kind"] == "bad_responses" and v["agents_stopped"] == 0
+    assert any("3 malformed event(s)" in e for e in v["evidence"])
+
+
+def test_an_unknown_error_class_is_named_never_dropped():
+    run = healthy_base()
+    run.error(2, 4, "total_timeout")
+    v = diagnose(run.data())
+    assert v["kind"] == "other_errors" and "total_timeout x1" in v["summary"]
+
+
+# ------------------------------------------------------------------ killed while stalled
+
+
+def test_a_run_killed_while_requests_hung_still_gets_round_and_phase():
+    run = healthy_base()
+    run.meta["ended"] = False
+    run.sample(stalled=3, stalled_by={"4/ttfb": 3})
+    v = diagnose(run.data())
+    assert (v["kind"], v["phase"], v["first_round"]) == ("server_stall", "ttfb", 4)
+    run.meta["ended"] = True
+    assert diagnose(run.data())["kind"] == "healthy"
+
+
+# ------------------------------------------------------------------ precedence
+
+
+def test_errors_that_stopped_every_agent_lead_over_slow_requests_that_finished():
+    # issue 10 case 12: server-queue + error_at_round=2 once said server_slow
+    run = RunBuilder(agents=12, rounds=3)
+    for a in range(12):
+        run.ok(a, 1, ttfb_ms=3000 if a < 7 else 5, stalled_phase="ttfb" if a < 7 else None)
+        for call in range(4):
+            run.error(a, 2, "http_500", call=call)
+    v = diagnose(run.data())
+    assert v["kind"] == "server_errors" and v["agents_stopped"] == 12
+    assert [s["kind"] for s in v["secondary"]] == ["server_slow"]
+
+
+def test_the_stall_leads_when_it_stopped_more_agents_than_the_errors():
+    run = RunBuilder(agents=4, rounds=3)
+    run.agents_done(range(4), range(1, 3))
+    for a in range(3):
+        run.stalled(a, 3, "ttft")
+    run.error(3, 3, "http_500")
+    assert kinds(run) == ["server_stall", "server_errors"]
+
+
+def test_ties_go_to_the_rule_listed_first():
+    run = RunBuilder(agents=2, rounds=2)
+    run.agents_done(range(2), range(1, 2))
+    run.stalled(0, 2, "ttfb")
+    run.error(1, 2, "http_500")
+    assert kinds(run) == ["server_stall", "server_errors"]  # one agent each: RULES order
+
+
+def test_every_rule_has_a_kind_in_the_enumeration_and_readme_lists_every_kind():
+    readme = (REPO / "README.md").read_text()
+    para = readme[readme.index("Verdict kinds:"):]
+    para = para[: para.index("\n\n")]
+    listed = set(re.findall(r"^- `([a-z_]+)`", para, flags=re.M))
+    assert listed == {k.value for k in Kind}, (listed ^ {k.value for k in Kind})
+    assert len(RULES) == len(set(RULES))
