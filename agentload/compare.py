@@ -5,7 +5,9 @@ Two halves, joined only by run folders on disk:
 - `run_variants` runs one scenario once per combination of `--vary` values (the cartesian
   product), one after the other, each into `OUT/<variant>/` through the same launch path as
   `agentload run` (embedded mock per run when the scenario has no endpoint). Every variant has
-  the same seed, so every variant sends the same conversations.
+  the same seed: in `mode = "scripted"` every variant sends the same conversations; in
+  `mode = "model"` the first request of each agent is the same, and later ones hold what the
+  model answered (its tool-call ids and arguments), which differs from run to run.
 - `compare_dirs` is a pure function over run folders: it rebuilds every number from
   records.jsonl (and run.json), refuses runs whose workload fingerprints differ unless forced,
   and marks the best value per row. `write_outputs` writes compare.json, compare.txt and the
@@ -33,7 +35,7 @@ from agentload.records import Record, phase_ns
 from agentload.report.rundir import RunData, load_run
 from agentload.report.summary import build_summary
 from agentload.scenario import Scenario, load_scenario, parse_scenario
-from agentload.report.text import fmt_ms
+from agentload.stats import fmt_ms, histogram_of, percentiles_ms
 
 COMPARE_VERSION = 1
 PHASE_ROWS = ("pool_wait", "connect", "ttfb", "ttft", "e2e")
@@ -254,12 +256,11 @@ def run_metrics(data: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def quantiles_ms(values_ns: list[int], points: int = 101) -> list[float]:
-    """`points` evenly spaced quantiles (0..100 %) of a list of durations, in ms (for the CDF plot)."""
-    if not values_ns:
-        return []
-    s = sorted(values_ns)
-    n = len(s)
-    return [round(s[min(n - 1, int(round(i * (n - 1) / (points - 1))))] / 1e6, 3) for i in range(points)]
+    """`points` evenly spaced quantiles (0..100 %) of a list of durations, in ms (for the CDF plot),
+    by the same quantile rule as every table (agentload.stats)."""
+    ps = [100.0 * i / (points - 1) for i in range(points)]
+    got = percentiles_ms(histogram_of(values_ns), ps)
+    return [] if got is None else [got[p] for p in ps]
 
 
 def distributions(data: RunData) -> dict[str, list[float]]:

@@ -227,7 +227,7 @@ def test_vary_values_split_outside_tables_and_best_marks():
     assert cmp.best_indices("errors", "lower", [0, 0]) == []  # all equal: nothing marked
     assert cmp.best_indices("errors", "lower", [3, 0, 0]) == [1, 2]
     assert cmp.best_indices("reuse_rate", "higher", [0.5, None, 0.9]) == [2]
-    assert cmp.best_indices("pool_wait_p50_ms", "lower", [0.001, 0.04, 12.0]) == [0, 1]  # same as shown: 0.0
+    assert cmp.best_indices("pool_wait_p50_ms", "lower", [0.001, 0.004, 12.0]) == [0, 1]  # same as shown: 0.00
     assert cmp.best_indices("verdict", "healthy", ["healthy", "client_pool"]) == [0]
     variants = cmp.plan_variants("demo", cmp.parse_vary(["client.limit=20,100", "stall.after_s=1,2"]))
     assert [v.name for v in variants] == ["limit=20,after_s=1", "limit=20,after_s=2", "limit=100,after_s=1",
