@@ -24,8 +24,21 @@ Flags:
 - ``ERROR``: an in-band error: ``{"error": {...}}`` / ``{"error": "..."}``
   (vLLM, SGLang, routers) or ``{"object": "error", "message": ...}`` (older vLLM).
   ``.error`` keeps the first one as a short string, ``.errors`` counts them.
-- ``BAD_JSON``: the payload is not JSON, or not a JSON object. Counted in
-  ``.bad_json``; never raises.
+- ``BAD_JSON``: a malformed event: the payload is not JSON, not a JSON object, or
+  an object of the wrong shape (``choices`` not a list, a ``delta`` or tool-call
+  ``function`` that is not an object, a non-string ``finish_reason``, a ``usage``
+  that is not an object). Counted in ``.bad_json`` (the record's ``bad_events``),
+  the first one's leading bytes kept in ``.first_bad``; never raises. Whatever
+  the rest of a wrong-shaped chunk carried is still taken (a token next to a
+  ``"usage": "n/a"`` is a token). ``.usage`` is only ever a dict or None.
+
+``add_error_event(payload)`` takes the data of an SSE ``event: error``: always an
+error (ERROR), whatever its payload; a non-JSON payload there is the error's text,
+not a malformed event.
+
+``from_response(body)`` reads a non-streamed body. ``.not_completion`` then says
+why the body is not a ``chat.completion`` object (``"not JSON"``, ``"no choices"``,
+...), None when it is one (or when it is an in-band error object, see ``.error``).
 
 Only choice index 0 is accumulated (agents send ``n=1``; other choices are ignored).
 
@@ -61,6 +74,7 @@ ERROR = 16
 BAD_JSON = 32
 
 _ERROR_MAX = 300  # characters kept in ChatStream.error
+BAD_SAMPLE = 120  # bytes of the first malformed payload kept in ChatStream.first_bad
 
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
@@ -105,7 +119,11 @@ class ChatStream:
         "chunks",
         "token_chunks",
         "bad_json",
+        "first_bad",
         "done",
+        "dones",
+        "no_choices",
+        "not_completion",
         "_content",
         "_reasoning",
         "_calls",
@@ -121,8 +139,12 @@ class ChatStream:
         self.errors = 0
         self.chunks = 0  # data payloads added
         self.token_chunks = 0  # payloads that returned TOKEN
-        self.bad_json = 0
+        self.bad_json = 0  # malformed events (see BAD_JSON)
+        self.first_bad: bytes | None = None  # leading bytes of the first malformed event
         self.done = False
+        self.dones = 0  # [DONE] sentinels seen
+        self.no_choices = 0  # JSON objects without choices (usage-only chunks, errors, other)
+        self.not_completion: str | None = None  # from_response: why the body is not a chat.completion
         self._content: list[str] = []
         self._reasoning: list[str] = []
         # index -> [id, type, name, [argument fragments]]
@@ -144,18 +166,18 @@ class ChatStream:
         self.chunks += 1
         if payload == b"[DONE]":
             self.done = True
+            self.dones += 1
             return DONE
         try:
             obj = _loads(payload)
         except _JSONDecodeError:
             if payload.strip() == b"[DONE]":
                 self.done = True
+                self.dones += 1
                 return DONE
-            self.bad_json += 1
-            return BAD_JSON
+            return self._bad(payload)
         if type(obj) is not dict:
-            self.bad_json += 1
-            return BAD_JSON
+            return self._bad(payload)
 
         flags = 0
         choices = obj.get("choices")
@@ -163,27 +185,33 @@ class ChatStream:
             if self.id is None:
                 self.id = obj.get("id")
                 self.model = obj.get("model")
-            for ch in choices:
-                if type(ch) is not dict or ch.get("index"):
-                    continue  # only choice 0
-                delta = ch.get("delta")
-                if delta:
-                    c = delta.get("content")
-                    if c and type(c) is str:
-                        self._content.append(c)
-                        flags = TOKEN
-                    r = delta.get("reasoning_content") or delta.get("reasoning")
-                    if r and type(r) is str:
-                        self._reasoning.append(r)
-                        flags = TOKEN
-                    tc = delta.get("tool_calls")
-                    if tc and self._add_tool_calls(tc):
-                        flags = TOKEN
-                fr = ch.get("finish_reason")
-                if fr:
-                    self.finish_reason = fr
-                    flags |= FINISH
+            try:  # zero-cost unless a field has the wrong type (a str delta, choices: 5, ...)
+                for ch in choices:
+                    if type(ch) is not dict or ch.get("index"):
+                        continue  # only choice 0
+                    delta = ch.get("delta")
+                    if delta:
+                        c = delta.get("content")
+                        if c and type(c) is str:
+                            self._content.append(c)
+                            flags = TOKEN
+                        r = delta.get("reasoning_content") or delta.get("reasoning")
+                        if r and type(r) is str:
+                            self._reasoning.append(r)
+                            flags = TOKEN
+                        tc = delta.get("tool_calls")
+                        if tc and self._add_tool_calls(tc):
+                            flags = TOKEN
+                    fr = ch.get("finish_reason")
+                    if fr:
+                        if type(fr) is not str:
+                            raise TypeError("finish_reason")
+                        self.finish_reason = fr
+                        flags |= FINISH
+            except (AttributeError, TypeError):
+                flags |= self._bad(payload)
         else:
+            self.no_choices += 1
             if self.id is None and "id" in obj:
                 self.id = obj.get("id")
                 self.model = obj.get("model")
@@ -192,19 +220,41 @@ class ChatStream:
                 flags |= self._set_error(_error_text(err, obj))
         u = obj.get("usage")
         if u:
-            self.usage = u
-            flags |= USAGE
+            if type(u) is dict:
+                self.usage = u
+                flags |= USAGE
+            else:  # "usage": "n/a": never kept (readers rely on a dict or None)
+                flags |= self._bad(payload)
         if flags & TOKEN:
             self.token_chunks += 1
         return flags
 
     def add_error_event(self, payload: bytes) -> int:
-        """Add the payload of an SSE ``event: error``: always reports ERROR."""
-        flags = self.add(payload)
-        if not flags & ERROR:
-            text = payload.decode("utf-8", "replace").strip() or "error event"
-            flags |= self._set_error(_short(text))
-        return flags
+        """Add the payload of an SSE ``event: error``: always reports ERROR.
+
+        A JSON object is taken like any chunk (an ``{"error": ...}`` inside gives the text),
+        else its own ``message``/``type``/``code`` give it; any other payload (plain text, no
+        data at all) is the error's text and is not counted as a malformed event.
+        """
+        try:
+            obj = _loads(payload)
+        except _JSONDecodeError:
+            obj = None
+        if type(obj) is dict:
+            flags = self.add(payload)
+            if not flags & ERROR:
+                flags |= self._set_error(_error_text(obj, obj))
+            return flags
+        self.chunks += 1
+        text = payload.decode("utf-8", "replace").strip() or "error event"
+        return self._set_error(_short(text))
+
+    def _bad(self, payload: bytes) -> int:
+        """Count one malformed event (see BAD_JSON)."""
+        self.bad_json += 1
+        if self.first_bad is None:
+            self.first_bad = payload[:BAD_SAMPLE]
+        return BAD_JSON
 
     def _set_error(self, text: str) -> int:
         self.errors += 1
@@ -260,27 +310,40 @@ class ChatStream:
         """Build from a non-streaming body: a ``chat.completion`` object or an error object.
 
         ``chunks`` is 1, ``token_chunks`` is 1 if the message had content, reasoning or
-        a tool call; a body that is not a JSON object counts in ``bad_json``.
+        a tool call; a body that is not a JSON object counts in ``bad_json`` (as does a
+        ``usage`` that is not an object). ``not_completion`` says why the body is not a
+        ``chat.completion`` object (None if it is one, or an error object: see ``error``).
         """
         self = cls()
         self.chunks = 1
         try:
             obj = _loads(body)
         except _JSONDecodeError:
-            self.bad_json = 1
+            self.not_completion = "not JSON"
+            self._bad(body)
             return self
         if type(obj) is not dict:
-            self.bad_json = 1
+            self.not_completion = f"a JSON {type(obj).__name__.replace('NoneType', 'null')}, not an object"
+            self._bad(body)
             return self
         self.id = obj.get("id")
         self.model = obj.get("model")
         token = False
         choices = obj.get("choices")
-        if choices:
+        if choices and type(choices) is not list:
+            self.not_completion = "choices is not a list"
+        elif choices:
+            self.not_completion = "no choice 0 with a message"
             for ch in choices:
                 if type(ch) is not dict or ch.get("index"):
                     continue
-                msg = ch.get("message") or ch.get("delta") or {}
+                msg = ch.get("message")
+                if type(msg) is not dict:
+                    msg = ch.get("delta")
+                if type(msg) is not dict:
+                    self.not_completion = "choice 0 has no message object"
+                    break
+                self.not_completion = None
                 c = msg.get("content")
                 if c and type(c) is str:
                     self._content.append(c)
@@ -290,7 +353,7 @@ class ChatStream:
                     self._reasoning.append(r)
                     token = True
                 tcs = msg.get("tool_calls")
-                if tcs:
+                if tcs and type(tcs) is list:
                     frags = []
                     for i, tc in enumerate(tcs):
                         if type(tc) is dict:
@@ -299,19 +362,30 @@ class ChatStream:
                             if tc["index"] is None:
                                 tc["index"] = i
                             frags.append(tc)
-                    if self._add_tool_calls(frags):
-                        token = True
+                    try:
+                        if self._add_tool_calls(frags):
+                            token = True
+                    except (AttributeError, TypeError):  # a "function" that is not an object
+                        self._bad(body)
                 fr = ch.get("finish_reason")
                 if fr:
-                    self.finish_reason = fr
+                    if type(fr) is str:
+                        self.finish_reason = fr
+                    else:
+                        self._bad(body)
                 break
         else:
             err = obj.get("error")
             if err or obj.get("object") == "error":
                 self._set_error(_error_text(err, obj))
+            else:
+                self.not_completion = "no choices"
         u = obj.get("usage")
         if u:
-            self.usage = u
+            if type(u) is dict:
+                self.usage = u
+            else:
+                self._bad(body)
         if token:
             self.token_chunks = 1
         return self

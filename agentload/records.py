@@ -7,12 +7,15 @@ derived from timestamps at report time, never stored.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import orjson
+
+from agentload import redact
 
 RECORD_VERSION = 1
 
@@ -47,7 +50,7 @@ class Trace:
     __slots__ = ("kind", "agent", "round", "call", "request_id", "messages", "prompt_bytes",
                  "prompt_tokens", "t", "reused", "chunks", "token_chunks", "comments", "last_token",
                  "max_gap", "max_gap_at", "stalled_phase", "stalled_at", "gave_up", "timeout_cm",
-                 "bytes_in", "server_first_token_ns")
+                 "bytes_in", "server_first_token_ns", "bad_events")
 
     def __init__(self, kind: str, agent: int, round_: int, call: int, request_id: str,
                  messages: int, prompt_bytes: int, prompt_tokens: int, intended: int | None = None):
@@ -75,6 +78,7 @@ class Trace:
         self.gave_up = False
         self.timeout_cm: Any = None  # asyncio.Timeout the watchdog fires on give-up
         self.server_first_token_ns: int | None = None  # the server's own send stamp, if it sent one
+        self.bad_events = 0  # malformed events in the response (set by the read path)
 
     def phase(self) -> str:
         """The phase the request is in now."""
@@ -123,6 +127,9 @@ class Record:
     # (agentload's mock and bench/server.py put "mock_sent_ns" in that chunk). Same host, same
     # CLOCK_MONOTONIC: t["first_token"] - server_first_token_ns is agentload's timing error.
     server_first_token_ns: int | None = None
+    # Malformed events in the response (not JSON, not a JSON object, a wrong-shaped field such as
+    # a "usage" that is not an object), counted even when the request is otherwise ok.
+    bad_events: int = 0
 
     @classmethod
     def from_trace(cls, run: str, tr: Trace, *, outcome: str, status: int | None = None,
@@ -133,7 +140,7 @@ class Record:
                    tr.messages, tr.prompt_bytes, tr.prompt_tokens, server_prompt_tokens,
                    output_tokens, status, outcome, error, error_msg, tr.stalled_phase, tr.reused,
                    finish_reason, tool_calls, tr.chunks, tr.token_chunks, tr.comments,
-                   tr.max_gap, tr.max_gap_at, dict(tr.t), tr.server_first_token_ns)
+                   tr.max_gap, tr.max_gap_at, dict(tr.t), tr.server_first_token_ns, tr.bad_events)
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
@@ -150,7 +157,7 @@ class Record:
 
 
 _FIELDS = tuple(Record.__dataclass_fields__)
-_OPTIONAL = frozenset({"server_first_token_ns"})
+_OPTIONAL = frozenset({"server_first_token_ns", "bad_events"})
 
 
 def phase_ns(t: dict[str, int], phase: str, reused: bool | None = None) -> int | None:
@@ -195,13 +202,34 @@ class RecordWriter:
         self.count = 0
 
     def write(self, rec: Record) -> None:
-        os.write(self.fd, orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
+        line = orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
+        if redact.has_secrets():  # a server may echo the API key in its error body
+            line = _redacted_line(rec, line)
+        os.write(self.fd, line)
         self.count += 1
 
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def redact_record(rec: Record) -> Record:
+    """`rec` with every known secret hidden in the text a server can put there."""
+    msg, fin = redact.redact(rec.error_msg or ""), redact.redact(rec.finish_reason or "")
+    if msg == (rec.error_msg or "") and fin == (rec.finish_reason or ""):
+        return rec
+    return dataclasses.replace(rec, error_msg=msg if rec.error_msg is not None else None,
+                               finish_reason=fin if rec.finish_reason is not None else None)
+
+
+def _redacted_line(rec: Record, line: bytes) -> bytes:
+    # field by field (that also hides a key cut off at the end of a truncated error body), then the
+    # whole line, so no other field can carry one either
+    red = redact_record(rec)
+    if red is not rec:
+        line = orjson.dumps(red, option=orjson.OPT_APPEND_NEWLINE)
+    return redact.redact_bytes(line)
 
 
 @dataclass

@@ -4,7 +4,25 @@ aiohttp fires no signal while a body is read, so the read loop stamps these itse
 of bytes is handed to `SSEBody.feed` as aiohttp's parser delivers it (`body_sink`: no task
 wake-up per read; `readany()` where that path is not available), which splits SSE events from
 the block and parses each data payload once. An SSE comment (`: ping`) is counted, never taken
-as progress.
+as progress; an `event: error` goes to `ChatStream.add_error_event`.
+
+The verdict fails closed: a response is `ok` only if it is what was asked for. Error classes
+(`Result.error`) besides `http_<status>` and the exception classes of `classify_exception`:
+
+- `not_a_stream`: a stream was asked for (`"stream": true` in the body), the answer is 2xx but
+  its Content-Type is not `text/event-stream` (an HTML login page, a JSON object).
+- `bad_response`: a non-streamed 2xx body that is not a `chat.completion` object (not JSON,
+  no choices, no message).
+- `inband_error`: an error object in the body or the stream, or an SSE `event: error`.
+- `malformed_stream`: the stream had malformed events (not JSON, not an object, wrong-shaped
+  fields) and neither a token nor a finish_reason.
+- `empty_stream`: the stream ended ([DONE] or EOF) with no malformed event, no token and no
+  finish_reason (an answer that finished empty, with a finish_reason, is ok).
+- `incomplete_stream`: tokens came, then the stream ended with neither finish_reason nor [DONE].
+
+Each message is one line naming what came back (status, Content-Type, first bytes, or what
+the stream carried). Malformed events are counted in `Trace.bad_events` even when the request is
+otherwise ok. `first_token` is stamped only when a token arrived.
 """
 
 from __future__ import annotations
@@ -22,7 +40,69 @@ from agentload.sse import COMMENT, DATA, SSEDecoder
 
 _now = time.perf_counter_ns
 _ERROR_BODY_LIMIT = 300
+_FIRST_BYTES = 120  # bytes of an unexpected body quoted in the error message
 _SERVER_STAMP = b'"mock_sent_ns":'
+_STREAM_KEY = b'"stream":'
+_SSE_TYPE = "text/event-stream"
+
+
+def wants_stream(body: bytes) -> bool:
+    """Does this request body ask for a stream (`"stream": true`)?
+
+    The first `"stream":` in a JSON body is the top-level key: a string cannot hold an unescaped
+    quote, and agentload's bodies put `stream` before `tools` and `messages`. One scan that stops
+    near the start of the body; no parse.
+    """
+    i = body.find(_STREAM_KEY)
+    if i < 0:
+        return False
+    return body[i + 9:i + 24].lstrip()[:4] == b"true"
+
+
+def first_bytes(raw: bytes, limit: int = _FIRST_BYTES) -> str:
+    """The first `limit` bytes of a body as one line of text (for error messages)."""
+    if not raw:
+        return "(empty body)"
+    text = raw[:limit].decode("utf-8", "replace")
+    text = text.replace("\r", " ").replace("\n", " ").replace("\t", " ")
+    return text + ("..." if len(raw) > limit else "")
+
+
+def _what_came(status: int, ctype: str) -> str:
+    return f"HTTP {status} {ctype}" if ctype else f"HTTP {status} (no Content-Type)"
+
+
+def _stream_verdict(cs: ChatStream, trace: Trace) -> tuple[str | None, str | None]:
+    """The error class and message of a stream that was read to its end (None, None: ok)."""
+    if cs.error is not None:
+        return "inband_error", cs.error
+    if cs.token_chunks == 0 and cs.finish_reason is None:
+        end = "with [DONE]" if cs.done else "at EOF"
+        if cs.bad_json:
+            return "malformed_stream", (
+                f"stream ended {end} after {cs.bad_json} malformed event(s) of {cs.chunks - cs.dones}: no token, "
+                f"no finish_reason; first malformed event: {first_bytes(cs.first_bad or b'')}")
+        return "empty_stream", f"stream ended {end}{_arrived(cs, trace)}: no token, no finish_reason"
+    if not cs.done and cs.finish_reason is None:
+        return "incomplete_stream", "stream ended without finish_reason or [DONE]"
+    return None, None
+
+
+def _arrived(cs: ChatStream, trace: Trace) -> str:
+    """What an empty stream carried (it had no token, no finish_reason, no malformed event)."""
+    parts = []
+    with_choices = cs.chunks - cs.dones - cs.no_choices  # each had choices but nothing in them
+    if with_choices:
+        parts.append(f"{with_choices} role-only/empty chunk(s)")
+    if cs.no_choices:
+        parts.append(f"{cs.no_choices} chunk(s) without choices" + (" (usage)" if cs.usage else ""))
+    if trace.comments:
+        parts.append(f"{trace.comments} comment(s)")
+    if parts:
+        return " after " + ", ".join(parts)
+    if cs.done:
+        return " and nothing before it"
+    return f" after {trace.bytes_in} byte(s) and no event" if trace.bytes_in else " with an empty body"
 
 
 def server_stamp(payload: bytes) -> int | None:
@@ -69,6 +149,8 @@ class SSEBody:
     """
 
     __slots__ = ("trace", "t", "cs", "dec", "last_byte")
+    # (the per-event work is written out in feed, the hot path, and once more in _event for the
+    # trailing event at EOF: keep the two in step)
 
     def __init__(self, trace: Trace):
         self.trace = trace
@@ -87,12 +169,16 @@ class SSEBody:
         if trace.bytes_in == 0:
             t.setdefault("first_byte", now)
         trace.bytes_in += len(data)
-        add = self.cs.add
+        cs = self.cs
+        add = cs.add
         for kind, payload in self.dec.feed(data):
-            if kind == COMMENT:
-                trace.comments += 1
-                continue
-            flags = add(payload)
+            if kind:  # DATA is 0: one truth test on the common path
+                if kind == COMMENT:
+                    trace.comments += 1
+                    continue
+                flags = cs.add_error_event(payload)  # ERROR_EVENT
+            else:
+                flags = add(payload)
             trace.chunks += 1
             if flags & TOKEN:
                 if trace.token_chunks == 0:
@@ -108,16 +194,42 @@ class SSEBody:
             # ERROR | DONE: keep reading to EOF so the connection goes back to the pool cleanly
 
     def finish(self) -> ChatStream:
-        for kind, payload in self.dec.flush():
-            if kind == DATA:
-                self.cs.add(payload)
-                self.trace.chunks += 1
+        """End of body: take the event the stream ended without a blank line for, if any."""
+        events = self.dec.flush()
+        if events:
+            now = _now()
+            for kind, payload in events:
+                self._event(kind, payload, now)
+        self.trace.bad_events = self.cs.bad_json
         return self.cs
+
+    def _event(self, kind: int, payload: bytes, now: int) -> None:
+        """One event, as in feed (the cold path for the trailing event)."""
+        trace = self.trace
+        if kind == COMMENT:
+            trace.comments += 1
+            return
+        flags = self.cs.add(payload) if kind == DATA else self.cs.add_error_event(payload)
+        trace.chunks += 1
+        if flags & TOKEN:
+            if trace.token_chunks == 0:
+                self.t["first_token"] = now
+                trace.server_first_token_ns = server_stamp(payload)
+            else:
+                gap = now - trace.last_token
+                if gap > trace.max_gap:
+                    trace.max_gap = gap
+                    trace.max_gap_at = now
+            trace.last_token = now
+            trace.token_chunks += 1
 
 
 async def send(session: aiohttp.ClientSession, url: str, body: bytes, trace: Trace,
-               extra_headers: dict[str, str] | None = None) -> Result:
-    """One request; the caller wraps it in the give-up timeout the watchdog can fire."""
+               extra_headers: dict[str, str] | None = None, stream: bool | None = None) -> Result:
+    """One request; the caller wraps it in the give-up timeout the watchdog can fire.
+
+    `stream`: whether the body asks for a stream (None: read from the body, `wants_stream`).
+    """
     t = trace.t
     headers = {"X-Request-ID": trace.request_id}
     if extra_headers:
@@ -133,47 +245,59 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, trace: Tra
             msg = raw[:_ERROR_BODY_LIMIT].decode("utf-8", "replace").replace("\n", " ")
             return Result(status, None, f"http_{status}", msg, _retry_after(resp))
         ctype = resp.headers.get("Content-Type", "")
-        if "text/event-stream" not in ctype:
+        if _SSE_TYPE not in ctype and _SSE_TYPE not in ctype.lower():
             raw = await resp.read()
             now = _now()
             t["first_byte"] = t.get("first_byte", now)
+            trace.bytes_in += len(raw)
+            if stream is None:
+                stream = wants_stream(body)
+            if stream:  # a stream was asked for: whatever this is, it is not the answer
+                t["end"] = now
+                return Result(status, None, "not_a_stream",
+                              f"{_what_came(status, ctype)}, not an event stream: {first_bytes(raw)}")
             cs = ChatStream.from_response(raw)
-            if cs.error is None and (cs.content or cs.tool_calls):
+            trace.chunks = 1
+            trace.bad_events = cs.bad_json
+            if cs.error is None and cs.not_completion is None and cs.token_chunks:
                 t["first_token"] = now
                 trace.last_token = now
                 trace.server_first_token_ns = server_stamp(raw)
             t["end"] = now
-            trace.chunks = 1
             if cs.error is not None:
                 return Result(status, cs, "inband_error", cs.error)
+            if cs.not_completion is not None:
+                return Result(status, cs, "bad_response",
+                              f"{_what_came(status, ctype)}, not a chat.completion object "
+                              f"({cs.not_completion}): {first_bytes(raw)}")
             return Result(status, cs, None, None)
 
         reader = SSEBody(trace)
         content = resp.content
         conn = resp.connection
-        if not await read_body(content, reader.feed, conn.protocol if conn is not None else None,
-                               reader.last_byte_ns):
-            while True:  # the general path: any StreamReader, one task wake-up per read
-                data = await content.readany()
-                if not data:
-                    break
-                reader.feed(data)
+        try:
+            if not await read_body(content, reader.feed, conn.protocol if conn is not None else None,
+                                   reader.last_byte_ns):
+                while True:  # the general path: any StreamReader, one task wake-up per read
+                    data = await content.readany()
+                    if not data:
+                        break
+                    reader.feed(data)
+        finally:  # also when the read fails or is given up: what was malformed so far is kept
+            trace.bad_events = reader.cs.bad_json
         cs = reader.finish()
         t["end"] = _now()
-        if cs.error is not None:
-            return Result(status, cs, "inband_error", cs.error)
-        if not cs.done and cs.finish_reason is None:
-            return Result(status, cs, "incomplete_stream", "stream ended without finish_reason or [DONE]")
-        return Result(status, cs, None, None)
+        error, msg = _stream_verdict(cs, trace)
+        return Result(status, cs, error, msg)
 
 
 def classify_exception(e: BaseException) -> tuple[str, str]:
     """Error class and a one-line message for a failed request."""
     name = type(e).__name__
-    if isinstance(e, aiohttp.ServerTimeoutError):
-        name = "read_timeout" if "read" in str(e).lower() else "ServerTimeoutError"
-    elif isinstance(e, aiohttp.ConnectionTimeoutError):
+    if isinstance(e, aiohttp.ConnectionTimeoutError):  # a ServerTimeoutError subclass: test it first
         name = "connect_timeout"
+    elif isinstance(e, aiohttp.ServerTimeoutError):
+        name = "read_timeout" if "read" in str(e).lower() else "ServerTimeoutError"
     elif isinstance(e, asyncio.TimeoutError) and not isinstance(e, aiohttp.ClientError):
         name = "total_timeout"
     msg = str(e).replace("\n", " ")[:_ERROR_BODY_LIMIT] or name

@@ -260,6 +260,99 @@ def test_done_and_bad_json_never_raise():
     assert cs.add(b"[1, 2]") == BAD_JSON  # JSON but not an object
     assert cs.add(b"\xff\xfe") == BAD_JSON
     assert cs.bad_json == 4 and cs.chunks == 6 and cs.done
+    assert cs.dones == 2 and cs.first_bad == b"{not json"
+
+
+def test_error_event_payloads_are_errors_not_malformed_events():
+    """`event: error` carries whatever the server puts there: a JSON object with or without an
+    `error` key, plain text, nothing. Each is the error; none is a malformed event."""
+    cs = ChatStream()
+    assert cs.add(chunk({"role": "assistant", "content": ""})) == 0
+    assert cs.add_error_event(b'{"message": "backend overloaded", "code": 503}') == ERROR
+    assert cs.error == "503: backend overloaded" and cs.bad_json == 0 and cs.chunks == 2
+    for payload, text in ((b"upstream reset", "upstream reset"), (b"", "error event"), (b"  ", "error event"),
+                          (b"[1, 2]", "[1, 2]"), (b'{"detail": "x"}', '{"detail":"x"}')):
+        cs = ChatStream()
+        assert cs.add_error_event(payload) & ERROR
+        assert cs.error == text and cs.errors == 1 and cs.bad_json == 0, payload
+    # A second error event is counted; the first one's text is kept.
+    cs = ChatStream()
+    cs.add_error_event(b"first")
+    cs.add_error_event(b'{"error": {"message": "second"}}')
+    assert cs.error == "first" and cs.errors == 2
+
+
+def test_usage_that_is_not_an_object_is_malformed_and_never_kept():
+    cs = ChatStream()
+    flags = cs.add(chunk({"content": "hi"}, usage="n/a"))
+    assert flags & TOKEN and flags & BAD_JSON and not flags & USAGE  # the token is still a token
+    assert cs.usage is None and cs.output_tokens is None and cs.bad_json == 1 and cs.content == "hi"
+    assert cs.add(chunk(choices=[], usage=[1])) == BAD_JSON
+    assert cs.add(chunk(choices=[], usage=None)) == 0 and cs.add(chunk(choices=[], usage={})) == 0
+    assert cs.add(usage_chunk()) == USAGE and cs.usage["completion_tokens"] == 3
+    assert cs.add(chunk(choices=[], usage=7)) == BAD_JSON
+    assert cs.usage["completion_tokens"] == 3 and cs.bad_json == 3  # a bad one never replaces a good one
+
+
+def test_wrong_shapes_are_malformed_events_and_never_raise():
+    cases = [
+        {"choices": 5},
+        {"choices": [{"index": 0, "delta": "text"}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": 5}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": "f"}]}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": 1}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": ["stop"]}]},
+    ]
+    cs = ChatStream()
+    for obj in cases:
+        assert cs.add(orjson.dumps(obj)) & BAD_JSON, obj
+    assert cs.bad_json == len(cases) and cs.finish_reason is None and cs.token_chunks == 0
+    assert cs.first_bad == b'{"choices":5}'
+    # Harmless oddities are not malformed: strings iterate as non-dict choices, null fields.
+    cs = ChatStream()
+    for obj in ({"choices": "x"}, {"choices": [{"index": 0, "delta": None, "finish_reason": None}]},
+                {"choices": [{"index": 0, "delta": {"content": 5}}]}):
+        assert cs.add(orjson.dumps(obj)) == 0, obj
+    assert cs.bad_json == 0
+
+
+def test_first_malformed_event_is_sampled_short():
+    cs = ChatStream()
+    cs.add(b"<" * 1000)
+    cs.add(b"second")
+    assert cs.first_bad == b"<" * 120 and cs.bad_json == 2
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=4)
+    | st.sampled_from(["stop", "assistant", "content", "n/a"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["choices", "delta", "message", "content", "index", "tool_calls", "function", "name",
+                         "arguments", "id", "finish_reason", "usage", "error", "object", "reasoning", "x"]),
+        inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=500)
+@given(values=st.lists(json_values, max_size=6), error_event=st.booleans())
+def test_any_json_never_raises_and_fields_keep_their_types(values, error_event):
+    """Whatever JSON a server sends, add/add_error_event/from_response never raise, and what the
+    rest of agentload reads keeps its type: usage a dict or None, finish_reason a str or None."""
+    cs = ChatStream()
+    for v in values:
+        payload = orjson.dumps(v)
+        flags = cs.add_error_event(payload) if error_event else cs.add(payload)
+        if error_event:  # an error event is always an error
+            assert flags & ERROR and cs.error is not None
+        r = ChatStream.from_response(payload)
+        for s in (cs, r):
+            assert s.usage is None or type(s.usage) is dict
+            assert s.finish_reason is None or type(s.finish_reason) is str
+            assert s.output_tokens is None or s.usage is not None
+            s.assistant_message(), s.tool_calls_valid_json()
+        assert (r.not_completion is None) or r.error is None
+    assert cs.chunks == len(values)
 
 
 # ----------------------------------------------------------------------------- non-streaming
@@ -315,6 +408,31 @@ def test_from_response_content_error_and_garbage():
     assert cs.error == "NotFoundError (404): no such model"
     cs = ChatStream.from_response(b"<html>502 Bad Gateway</html>")
     assert cs.bad_json == 1 and cs.error is None
+    assert cs.not_completion == "not JSON" and cs.first_bad == b"<html>502 Bad Gateway</html>"
+
+
+def test_from_response_says_why_a_body_is_not_a_completion():
+    ok = {"choices": [{"index": 0, "message": {"role": "assistant", "content": ""}, "finish_reason": "stop"}]}
+    assert ChatStream.from_response(orjson.dumps(ok)).not_completion is None  # empty, finished: a completion
+    assert ChatStream.from_response(orjson.dumps({"error": "x"})).not_completion is None  # an error (cs.error)
+    for body, why, bad in (
+        (b"[1]", "a JSON list, not an object", 1),
+        (b"null", "a JSON null, not an object", 1),
+        (b'"hi"', "a JSON str, not an object", 1),
+        (b"{}", "no choices", 0),
+        (b'{"choices": []}', "no choices", 0),
+        (b'{"choices": {"0": 1}}', "choices is not a list", 0),
+        (b'{"choices": [{"index": 1, "message": {"content": "x"}}]}', "no choice 0 with a message", 0),
+        (b'{"choices": [{"index": 0, "message": "hi"}]}', "choice 0 has no message object", 0),
+    ):
+        cs = ChatStream.from_response(body)
+        assert (cs.not_completion, cs.bad_json, cs.error) == (why, bad, None), body
+    cs = ChatStream.from_response(orjson.dumps({**ok, "usage": "n/a"}))
+    assert cs.not_completion is None and cs.usage is None and cs.bad_json == 1
+    weird = {"choices": [{"index": 0, "finish_reason": 5, "message": {
+        "content": "hi", "tool_calls": [{"function": "f"}]}}]}
+    cs = ChatStream.from_response(orjson.dumps(weird))
+    assert cs.content == "hi" and cs.finish_reason is None and cs.bad_json == 2
 
 
 # ----------------------------------------------------------------------------- properties

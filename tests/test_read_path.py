@@ -3,6 +3,9 @@
 - The sink path (body blocks handed to the SSE decoder from aiohttp's protocol callback) gives
   the same result as the general `readany()` loop, over real HTTP against the mock, for every
   stream shape and fault the mock has; read and total timeouts behave the same on both.
+- Both paths fail closed the same way (fakeserver: HTML for a stream, garbage events, an
+  `event: error`, a trailing event the stream ends without a blank line for), and a token in
+  that trailing event is stamped like any other.
 - The server's own first-token stamp (`mock_sent_ns`) is joined into the record as
   `server_first_token_ns`; the timing error (client first token - server send) is non-negative
   and lies inside the request, on the same CLOCK_MONOTONIC. No wall-clock thresholds.
@@ -14,6 +17,7 @@ import asyncio
 import time
 
 import aiohttp
+import aiohttp.web
 import orjson
 import pytest
 
@@ -23,6 +27,7 @@ from agentload.records import Record, Trace, load_records
 from agentload.transport import Transport
 from agentload.scenario import ClientConfig, TargetConfig
 
+from fakeserver import DONE, FakeServer, chunk, sse_response
 from helpers import run_scenario
 
 BODY = orjson.dumps({"model": "mock-model", "stream": True, "max_tokens": 16, "stream_options": {"include_usage": True},
@@ -137,6 +142,39 @@ async def test_connection_goes_back_to_the_pool_after_a_sink_read():
             assert tr.pool_state()["opened"] == 1
         finally:
             await tr.close()
+
+
+FAIL_CLOSED = {
+    "html": (None, "not_a_stream", "HTTP 200 text/html; charset=utf-8, not an event stream: <html>hi</html>", 0, 0),
+    "garbage": (["data: {x\n\n", "data: [1]\n\n", DONE], "malformed_stream",
+                "stream ended with [DONE] after 2 malformed event(s) of 2: no token, no finish_reason; "
+                "first malformed event: {x", 2, 0),
+    "role-only": ([chunk({"role": "assistant", "content": ""}), DONE], "empty_stream",
+                  "stream ended with [DONE] after 1 role-only/empty chunk(s): no token, no finish_reason", 0, 0),
+    "pings-only": ([": ping\n\n", ": ping\n\n"], "empty_stream",
+                   "stream ended at EOF after 2 comment(s): no token, no finish_reason", 0, 0),
+    "error-event": ([chunk({"content": "a"}), 'event: error\ndata: {"message": "m", "code": 500}\n\n', DONE],
+                    "inband_error", "500: m", 0, 1),
+    "trailing-error-event": ([chunk({"content": "a"}), "event: error\ndata: gone"], "inband_error", "gone", 0, 1),
+    "trailing-token": ([chunk({"role": "assistant"}), chunk({"content": "hi"}, "stop").rstrip("\n")], None, None, 0, 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAIL_CLOSED))
+async def test_both_paths_fail_closed_the_same_way(name, monkeypatch):
+    events, error, msg, bad, tokens = FAIL_CLOSED[name]
+
+    async def handler(request):
+        if events is None:
+            return aiohttp.web.Response(text="<html>hi</html>", content_type="text/html")
+        return await sse_response(request, events)
+
+    client = ClientConfig(read_timeout_s=10, total_timeout_s=20)
+    with FakeServer(handler) as srv:
+        for sink in (True, False):
+            res, trace = await _send(srv.url, PLAIN, client, sink, monkeypatch)
+            assert (res.error, res.error_msg, trace.bad_events, trace.token_chunks) == (error, msg, bad, tokens), sink
+            assert ("first_token" in trace.t) == (tokens > 0), trace.t
 
 
 def test_server_stamp_parser():

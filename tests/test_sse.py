@@ -232,6 +232,49 @@ def test_event_error():
     assert decode([encode_event(b"x", event=b"error")]) == [(ERROR_EVENT, b"x")]
 
 
+def test_event_name_rules():
+    """The event name (spec): the last `event:` line of the block wins, wherever it stands;
+    names are case-sensitive; one space after the colon is dropped, no more."""
+    assert decode([b"event:error\ndata: x\n\n"]) == [(ERROR_EVENT, b"x")]
+    assert decode([b"data: x\nevent: error\n\n"]) == [(ERROR_EVENT, b"x")]  # after the data line
+    assert decode([b"event: error\nevent: message\ndata: x\n\n"]) == [(DATA, b"x")]
+    assert decode([b"event: message\nevent: error\ndata: x\n\n"]) == [(ERROR_EVENT, b"x")]
+    assert decode([b"event: Error\ndata: x\n\n"]) == [(DATA, b"x")]
+    assert decode([b"event:  error\ndata: x\n\n"]) == [(DATA, b"x")]  # the name is " error"
+    assert decode([b"event: error\n: ping\ndata: x\n\n"]) == [(COMMENT, b"ping"), (ERROR_EVENT, b"x")]
+    # After a run of fast-path events in one read, and unterminated at EOF (flush).
+    assert decode([b"data: a\n\ndata: b\n\nevent: error\ndata: c\n\ndata: d\n\n"]) == [
+        (DATA, b"a"), (DATA, b"b"), (ERROR_EVENT, b"c"), (DATA, b"d")]
+    assert decode([b"data: a\n\nevent: error\ndata: gone"]) == [(DATA, b"a"), (ERROR_EVENT, b"gone")]
+    assert decode([b"event: error"]) == [(ERROR_EVENT, b"")]
+
+
+@settings(max_examples=300)
+@given(
+    evs=st.lists(st.tuples(st.sampled_from([None, b"error", b"message", b"Error", b"errors", b"ping"]),
+                           payloads), max_size=10),
+    name_last=st.lists(st.booleans(), min_size=1),
+    eol=st.sampled_from(EOLS),
+    cut=cuts,
+)
+def test_event_name_property(evs, name_last, eol, cut):
+    """Any event names, the `event:` line before or after the data, any read boundaries: exactly
+    the events named `error` come back as ERROR_EVENT, every other one as DATA, payloads intact."""
+    wire = b""
+    for i, (name, payload) in enumerate(evs):
+        data = eol.join(b"data: " + line for line in payload.split(b"\n"))
+        if name is None:
+            block = data
+        elif name_last[i % len(name_last)]:
+            block = data + eol + b"event: " + name
+        else:
+            block = b"event: " + name + eol + data
+        wire += block + eol + eol
+    expected = [(ERROR_EVENT if name == b"error" else DATA, payload) for name, payload in evs]
+    assert decode(split_at(wire, cut)) == expected
+    assert decode([wire]) == expected
+
+
 def test_flush_unterminated_event():
     d = SSEDecoder()
     assert d.feed(b"data: a\n\ndata: tail") == [(DATA, b"a")]
