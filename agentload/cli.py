@@ -1,11 +1,15 @@
 """The command line: run, mock, report, scenarios.
 
 Exit status of `run`: 0 healthy, 1 a problem was found (`--fail-on never` turns that off),
-2 a usage error (bad scenario, bad flag, missing file) with one line naming what is wrong.
+2 a usage error (bad scenario, bad flag, missing file, a run folder that is not new or empty, an
+unset secret variable) with one line naming what is wrong.
+
+Everything printed goes through `agentload.redact`: a secret the environment holds is printed as `***`.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -13,14 +17,20 @@ from typing import Annotated, Optional
 import typer
 
 from agentload.errors import UserError
+from agentload.redact import redact
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
                   help="Load generator for LLM serving stacks: tool-calling agents, traced phases, stall verdicts.")
 
 
 def _fail(msg: str) -> None:
-    typer.echo(f"agentload: error: {msg}", err=True)
+    one_line = " ".join(redact(msg).split())
+    typer.echo(f"agentload: error: {one_line}", err=True)
     raise typer.Exit(2)
+
+
+def _echo(text: str, err: bool = False) -> None:
+    typer.echo(redact(text), err=err)
 
 
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a field: section.key=value (repeatable)")]
@@ -64,9 +74,9 @@ def run(
     except UserError as e:
         _fail(str(e))
     summary, text, outcome = launched.summary, launched.text, launched.outcome
-    typer.echo(text)
+    _echo(text)
     recs = run_dir / ("records-w*.jsonl" if workers > 1 else "records.jsonl")
-    typer.echo(f"records: {recs}  summary: {run_dir / 'summary.json'}", err=True)
+    _echo(f"records: {recs}  summary: {run_dir / 'summary.json'}  html: {run_dir / 'report.html'}", err=True)
     kind = summary["verdict"]["kind"]
     if outcome.interrupted:
         raise typer.Exit(130 if kind == "healthy" or fail_on == "never" else 1)
@@ -93,9 +103,9 @@ def mock(
     try:
         base = load_scenario(scenario).mock.to_dict() if scenario else {}
         cfg = MockConfig.from_dict(parse_set_overrides(set_ or [], base), scenario or "--set")
+        serve(cfg, host, port)  # a port out of range or in use: one line, exit 2
     except UserError as e:
         _fail(str(e))
-    serve(cfg, host, port)
 
 
 @app.command()
@@ -107,8 +117,8 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run folder written by
         summary, text = write_reports(run_dir)
     except UserError as e:
         _fail(str(e))
-    typer.echo(text)
-    typer.echo(f"html: {run_dir / 'report.html'}", err=True)
+    _echo(text)
+    _echo(f"html: {run_dir / 'report.html'}", err=True)
 
 
 @app.command()
@@ -157,10 +167,10 @@ def compare(
             dest = out or base
             if dest is not None:
                 text = cmp.write_outputs(doc, dest)
-                typer.echo(text)
+                _echo(text)
                 typer.echo(f"comparison: {dest / 'compare.html'}  {dest / 'compare.json'}", err=True)
             else:
-                typer.echo(cmp.render_text(doc))
+                _echo(cmp.render_text(doc))
                 typer.echo("(pass --out DIR to write compare.json and compare.html)", err=True)
             return
         if len(paths) > 1:
@@ -182,7 +192,7 @@ def compare(
         text = cmp.write_outputs(doc, dest)
     except UserError as e:
         _fail(str(e))
-    typer.echo(text)
+    _echo(text)
     typer.echo(f"comparison: {dest / 'compare.html'}  {dest / 'compare.json'}", err=True)
     if res.interrupted:
         raise typer.Exit(130)
@@ -191,12 +201,40 @@ def compare(
 @app.command()
 def scenarios() -> None:
     """List the packaged scenarios with what each demonstrates."""
+    import shutil
+    import textwrap
+
     from agentload.scenario import load_scenario, packaged_scenarios
 
+    width = max(60, min(120, shutil.get_terminal_size((100, 24)).columns))
     for name in packaged_scenarios():
         sc = load_scenario(name)
-        first = (sc.description.strip().splitlines() or [""])[0]
-        typer.echo(f"{name:24s} {first}")
+        text = " ".join(s for s in (_first_sentence(sc.description), _expected(sc.description)) if s)
+        text = re.sub(r"(\d) (?=m?s\b)", "\\1\u00a0", text)  # never "0.3" at a line's end, "s" on the next
+        lines = [ln.replace("\u00a0", " ") for ln in
+                 textwrap.wrap(text, width=width - 25, break_long_words=False, break_on_hyphens=False)] or [""]
+        typer.echo(f"{name:24s} {lines[0]}")
+        for line in lines[1:]:
+            typer.echo(" " * 25 + line)
+
+
+# A sentence ends at . ! or ? (maybe closing a quote or parenthesis) before a space and a capital
+# or a backtick: "3,000 tokens", "0.5 s" and "e.g. x" do not end one.
+_SENTENCE_END = re.compile(r"""[.!?]["')\]]?(?=\s+[A-Z`])""")
+
+
+def _first_sentence(description: str) -> str:
+    """The description's first sentence, whole (its first paragraph joined onto one line)."""
+    para = " ".join(description.strip().split("\n\n")[0].split())
+    m = _SENTENCE_END.search(para)
+    return para[:m.end()] if m else para
+
+
+def _expected(description: str) -> str:
+    """The "Expected verdict: ..." sentence, where the description has one."""
+    flat = " ".join(description.split())
+    m = re.search(r"\bExpect(?:ed)? verdict\b", flat)
+    return _first_sentence(flat[m.start():]) if m else ""
 
 
 def main() -> None:  # pragma: no cover

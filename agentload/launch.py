@@ -1,18 +1,22 @@
 """Run one scenario into one run folder, with the embedded mock when it has no endpoint.
 
-The one path `run`, `compare` and the tests share: start the mock (a separate process),
-execute, stop the mock, write every report.
+The one path `run`, `compare` and the tests share: check what can be checked before any
+traffic (the run folder is new or empty and writable, every secret the target names is set in
+the environment), start the mock (a separate process), execute, stop the mock, write every report.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from agentload.errors import UserError
+from agentload.redact import env_secrets, register_target
 from agentload.report.build import write_reports
 from agentload.runner import RunOutcome, execute
 from agentload.scenario import Scenario
@@ -44,6 +48,11 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
 
     if workers > 1 and metrics_port is not None:
         raise UserError("--metrics-port is not supported with --workers yet (each worker has its own state)")
+    check_secrets(sc)
+    prepare_run_dir(run_dir)
+    hint = endpoint_hint(sc.target.endpoint)
+    if hint:
+        log(f"agentload: warning: {hint}")
     mock = None
     view = None
     try:
@@ -71,3 +80,58 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
             mock.stop()
     summary, text = write_reports(run_dir)
     return Launched(outcome, summary, text)
+
+
+def check_secrets(sc: Scenario) -> None:
+    """Every variable `api_key_env` / `headers_env` names must be set: a run without its key would
+    only show 401s. The values are remembered for redaction in this process."""
+    for name, value in env_secrets(sc.target).items():
+        if not value:
+            field = "target.api_key_env" if name == sc.target.api_key_env else next(
+                f"target.headers_env.{h}" for h, var in sc.target.headers_env.items() if var == name)
+            raise UserError(f"{sc.source}: {field}: environment variable {name} is "
+                            f"{'empty' if value == '' else 'not set'}; expected the secret in it")
+    register_target(sc.target)
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    """A run writes into a new or empty folder: records appended to another run's would mix two
+    runs in one records.jsonl (and "48 of 48" requests for a 40-request run)."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir}: expected a folder for the run (--out), got an existing file")
+    if run_dir.is_dir():
+        try:
+            entries = sorted(p.name for p in run_dir.iterdir())
+        except OSError as e:
+            raise UserError(f"{run_dir}: cannot read the run folder (--out): {e.strerror or e}")
+        if entries:
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise UserError(f"{run_dir}: expected a new or empty run folder (--out), it holds {len(entries)} "
+                            f"entr{'y' if len(entries) == 1 else 'ies'} ({shown}); a second run would mix its "
+                            f"records with them: choose another folder")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".agentload-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"{run_dir}: cannot write the run folder (--out): {e.strerror or e.__class__.__name__}")
+
+
+_VERSION_PART = re.compile(r"^v\d+(?:beta\d*|alpha\d*)?$", re.I)
+
+
+def endpoint_hint(endpoint: str | None) -> str | None:
+    """A base URL with no `/v1`-like path part usually 404s (requests go to ENDPOINT/chat/completions)."""
+    if not endpoint:
+        return None
+    try:
+        parts = [p for p in urlsplit(endpoint).path.split("/") if p]
+    except ValueError:
+        return None
+    if any(_VERSION_PART.match(p) for p in parts):
+        return None
+    base = endpoint.rstrip("/")
+    return (f"endpoint {endpoint} has no /v1-like path part, so requests go to {base}/chat/completions; "
+            f"OpenAI-compatible servers usually serve {base}/v1/chat/completions (a 404 means this)")

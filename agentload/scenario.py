@@ -83,7 +83,10 @@ class TargetConfig:
     endpoint: Optional[str] = None  # None: start the embedded mock server
     model: str = "mock-model"
     api_key_env: Optional[str] = None  # name of the env var; the key itself is never stored
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # static, non-secret headers (copied into run.json)
+    # header name -> name of the env var holding its value, e.g. {"api-key" = "AZURE_KEY"}: for
+    # secrets other than a bearer token; values are read at run time and never stored
+    headers_env: dict[str, str] = field(default_factory=dict)
     metrics_urls: list[str] = field(default_factory=list)  # Prometheus endpoints scraped during the run
     metrics_every_s: float = 5.0
     metrics_series: list[str] = field(default_factory=list)  # names/prefixes to chart (default: router/engine gauges)
@@ -203,6 +206,37 @@ def _section_to_dict(sec: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------- validation
 
 
+# Numeric fields whose floor is not "a number >= 0": key -> (minimum, strictly above it, why).
+# A zero timeout is no timeout to aiohttp, a zero stall threshold marks every request stalled.
+_BOUNDS: dict[str, tuple[float, bool, str]] = {
+    "agents.count": (1, False, ""),
+    "agents.rounds": (1, False, ""),
+    "agents.duration_s": (0, True, " (leave it out to run every round)"),
+    "agents.rate_per_s": (0, True, ""),
+    "conversation.max_tokens": (1, False, ""),
+    "client.pool_timeout_s": (0, True, " (every timeout is explicit; none is unlimited)"),
+    "client.connect_timeout_s": (0, True, " (every timeout is explicit; none is unlimited)"),
+    "client.read_timeout_s": (0, True, " (every timeout is explicit; none is unlimited)"),
+    "client.total_timeout_s": (0, True, " (every timeout is explicit; none is unlimited)"),
+    "stall.after_s": (0, True, " (0 would count every request as stalled)"),
+    "stall.give_up_s": (0, True, ""),
+    "canary.prompt_tokens": (1, False, ""),
+    "canary.max_tokens": (1, False, ""),
+    "canary.timeout_s": (0, True, " (0 would be no timeout to aiohttp)"),
+    "target.metrics_every_s": (0.2, False, ""),
+}
+
+
+def _bound_text(key: str, whole: bool) -> str:
+    lo, strict, why = _BOUNDS.get(key, (0, False, ""))
+    return f"{'a whole number' if whole else 'a number'} {'>' if strict else '>='} {lo:g}{why}"
+
+
+def _in_bounds(key: str, v: float) -> bool:
+    lo, strict, _ = _BOUNDS.get(key, (0, False, ""))
+    return v > lo if strict else v >= lo
+
+
 def _type_name(v: Any) -> str:
     return repr(v) if not isinstance(v, (dict, list)) else type(v).__name__
 
@@ -211,7 +245,7 @@ def _parse_dist(v: Any, source: str, key: str) -> Dist:
     if isinstance(v, bool):
         raise ScenarioError(source, key, f"expected a number or {{ dist = ..., mean = ... }}, got {v!r}")
     if isinstance(v, (int, float)):
-        if v < 0:
+        if not (0 <= v < math.inf):
             raise ScenarioError(source, key, f"expected a number >= 0, got {v!r}")
         return const(v)
     if isinstance(v, dict):
@@ -226,15 +260,17 @@ def _parse_dist(v: Any, source: str, key: str) -> Dist:
         for k in ("mean", "sigma", "min", "max", "value"):
             if k in v:
                 x = v[k]
-                if isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0:
+                if isinstance(x, bool) or not isinstance(x, (int, float)) or not (0 <= x < math.inf):
                     raise ScenarioError(source, f"{key}.{k}", f"expected a number >= 0, got {_type_name(x)}")
                 nums[k] = float(x)
+        if "min" in nums and "max" in nums and nums["min"] > nums["max"]:
+            raise ScenarioError(source, f"{key}.max", f"expected a number >= {key}.min ({nums['min']:g}), got {nums['max']:g}")
         if kind == "constant":
             return const(nums.get("value", nums.get("mean", 0.0)))
         if kind == "uniform":
-            if "min" not in nums or "max" not in nums or nums["min"] > nums["max"]:
+            if "min" not in nums or "max" not in nums:
                 raise ScenarioError(source, key, "expected a uniform distribution with min <= max")
-        elif "mean" not in nums:
+        elif "mean" not in nums or (kind in ("lognormal", "exponential") and nums["mean"] <= 0):
             raise ScenarioError(source, f"{key}.mean", f"expected a number > 0 for dist = {kind!r}")
         return Dist(kind=kind, mean=nums.get("mean", 0.0), sigma=nums.get("sigma", 0.0),
                     min=nums.get("min"), max=nums.get("max"))
@@ -267,12 +303,13 @@ def _coerce(v: Any, typ: Any, source: str, key: str) -> Any:
             raise ScenarioError(source, key, f"expected true or false, got {_type_name(v)}")
         return v
     if typ is int:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ScenarioError(source, key, f"expected a whole number >= 0, got {_type_name(v)}")
+        if isinstance(v, bool) or not isinstance(v, int) or not _in_bounds(key, v):
+            raise ScenarioError(source, key, f"expected {_bound_text(key, True)}, got {_type_name(v)}")
         return v
     if typ is float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != v:
-            raise ScenarioError(source, key, f"expected a number >= 0, got {_type_name(v)}")
+        # NaN and inf fail too: an infinite timeout is no timeout
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (_in_bounds(key, v) and v < math.inf):
+            raise ScenarioError(source, key, f"expected {_bound_text(key, False)}, got {_type_name(v)}")
         return float(v)
     if typ is str:
         if not isinstance(v, str):
@@ -304,27 +341,72 @@ def _parse_section(cls: type, raw: Any, source: str, name: str) -> Any:
 
 def _check(sc: Scenario) -> None:
     s = sc.source
-    if sc.agents.count < 1:
-        raise ScenarioError(s, "agents.count", "expected a whole number >= 1, got 0")
-    if sc.agents.rounds < 1:
-        raise ScenarioError(s, "agents.rounds", "expected a whole number >= 1, got 0")
+    # (numeric floors are checked per field in _coerce, see _BOUNDS)
     if sc.stall.give_up_s < sc.stall.after_s:
-        raise ScenarioError(s, "stall.give_up_s", f"expected a number >= stall.after_s ({sc.stall.after_s}), got {sc.stall.give_up_s}")
-    for k in ("pool_timeout_s", "connect_timeout_s", "read_timeout_s", "total_timeout_s"):
-        if getattr(sc.client, k) <= 0:
-            raise ScenarioError(s, f"client.{k}", "expected a number > 0 (every timeout is explicit; none is unlimited)")
+        raise ScenarioError(s, "stall.give_up_s", f"expected a number >= stall.after_s ({sc.stall.after_s:g}), got {sc.stall.give_up_s:g}")
     if isinstance(sc.agents.start, str) and sc.agents.start != "all":
         raise ScenarioError(s, "agents.start", f"expected \"all\" or a ramp length in seconds, got {sc.agents.start!r}")
+    if not sc.target.model.strip():
+        raise ScenarioError(s, "target.model", "expected a model name, got an empty string")
     ep = sc.target.endpoint
-    if ep is not None and not (ep.startswith("http://") or ep.startswith("https://")):
-        raise ScenarioError(s, "target.endpoint", f"expected an http:// or https:// URL, got {ep!r}")
+    if ep is not None:
+        _check_url(s, "target.endpoint", ep)
     for i, u in enumerate(sc.target.metrics_urls):
-        if not (u.startswith("http://") or u.startswith("https://")):
-            raise ScenarioError(s, f"target.metrics_urls[{i}]", f"expected an http:// or https:// URL, got {u!r}")
-    if sc.target.metrics_urls and sc.target.metrics_every_s < 0.2:
-        raise ScenarioError(s, "target.metrics_every_s", f"expected a number >= 0.2, got {sc.target.metrics_every_s}")
-    if sc.agents.arrival == "open" and sc.agents.rate_per_s <= 0:
-        raise ScenarioError(s, "agents.rate_per_s", "expected a number > 0 for arrival = \"open\"")
+        _check_url(s, f"target.metrics_urls[{i}]", u)
+    _check_headers(sc.target, s)
+
+
+# Header names that carry credentials: refused as literal `headers` (the scenario is copied into
+# run.json and onto `--workers` command lines); `headers_env` takes them from the environment.
+_SECRET_HEADER_WORDS = ("auth", "key", "token", "secret", "password", "cookie")
+_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def _check_url(s: str, key: str, url: str) -> None:
+    from urllib.parse import urlsplit
+
+    if "@" in url.split("://", 1)[-1].split("/", 1)[0]:  # checked first: the message must not repeat them
+        raise ScenarioError(s, key, "expected a URL without credentials (user:password@ would be copied into "
+                                    "run.json and reports): give them with [target] api_key_env or headers_env")
+    if not (url.startswith("http://") or url.startswith("https://")):
+        raise ScenarioError(s, key, f"expected an http:// or https:// URL, got {url!r}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a port out of range)
+    except ValueError as e:
+        raise ScenarioError(s, key, f"expected a valid http:// or https:// URL ({e}), got {url!r}")
+    if not parts.hostname:
+        raise ScenarioError(s, key, f"expected a URL with a host, got {url!r}")
+
+
+def _check_headers(t: TargetConfig, s: str) -> None:
+    seen: dict[str, str] = {}
+    if t.api_key_env is not None:
+        if not _env_name_ok(t.api_key_env):
+            raise ScenarioError(s, "target.api_key_env", f"expected the name of an environment variable, got {t.api_key_env!r}")
+        seen["authorization"] = "target.api_key_env"
+    for table, items in (("headers", t.headers), ("headers_env", t.headers_env)):
+        for name, value in items.items():
+            key = f"target.{table}.{name}"
+            if not name or not set(name) <= _TOKEN_CHARS:
+                raise ScenarioError(s, key, "expected a header name (letters, digits and !#$%&'*+-.^_`|~)")
+            low = name.lower()
+            if low in seen:
+                raise ScenarioError(s, key, f"expected each header once; {name!r} is also set by {seen[low]}")
+            seen[low] = key
+            if table == "headers":
+                if any(w in low for w in _SECRET_HEADER_WORDS):
+                    raise ScenarioError(s, key, f"expected no credential in the scenario (it is copied into run.json): "
+                                                f"put it in an environment variable and name that in "
+                                                f"headers_env = {{\"{name}\" = \"MY_VAR\"}}")
+                if "\r" in value or "\n" in value:
+                    raise ScenarioError(s, key, "expected a header value on one line")
+            elif not _env_name_ok(value):
+                raise ScenarioError(s, key, f"expected the name of an environment variable, got {value!r}")
+
+
+def _env_name_ok(name: str) -> bool:
+    return bool(name) and "=" not in name and "\0" not in name and not name.isspace()
 
 
 def parse_scenario(raw: dict[str, Any], source: str) -> Scenario:

@@ -7,7 +7,6 @@ Every limit and timeout comes from the scenario; nothing falls back to aiohttp's
 
 from __future__ import annotations
 
-import os
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -15,7 +14,9 @@ from typing import Any
 import aiohttp
 
 from agentload import __version__
+from agentload.errors import UserError
 from agentload.records import Trace
+from agentload.redact import env_secrets, register_target
 from agentload.scenario import ClientConfig, TargetConfig
 
 _now = time.perf_counter_ns
@@ -108,10 +109,20 @@ def request_headers(target: TargetConfig) -> dict[str, str]:
     h = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json",
          "Accept-Encoding": "identity", "User-Agent": f"agentload/{__version__}"}
     h.update(target.headers)
+    # Secrets come only from the environment (never the scenario, so never run.json or a worker's
+    # command line); each value is remembered for redaction wherever agentload writes text. A
+    # variable that is not set is an error, never a request sent without its key.
+    env = env_secrets(target)
+    missing = [n for n, v in env.items() if not v]
+    if missing:
+        raise UserError(f"target: environment variable {missing[0]} is not set (named by "
+                        f"{'api_key_env' if missing[0] == target.api_key_env else 'headers_env'}); "
+                        f"expected the secret in it")
+    register_target(target)
     if target.api_key_env:
-        key = os.environ.get(target.api_key_env)
-        if key:
-            h["Authorization"] = f"Bearer {key}"
+        h["Authorization"] = f"Bearer {env[target.api_key_env]}"
+    for name, var in target.headers_env.items():
+        h[name] = env[var]  # type: ignore[assignment]
     return h
 
 

@@ -59,9 +59,15 @@ def test_round_trip_through_json():
     ({"stall_mid_stream": 5}, "scenarios/x.toml: mock.stall_mid_stream: expected a table "
                               "{after_tokens = K, for_s = S, above_tokens = N}, got 5"),
     ({"stall_mid_stream": {"after_tokens": 1}}, "scenarios/x.toml: mock.stall_mid_stream.for_s: missing; "
-                                                "expected a number >= 0"),
+                                                "expected a number > 0"),
     ({"stall_mid_stream": {"after_tokens": 1, "for_s": "x"}},
-     "scenarios/x.toml: mock.stall_mid_stream.for_s: expected a number >= 0, got 'x'"),
+     "scenarios/x.toml: mock.stall_mid_stream.for_s: expected a number > 0, got 'x'"),
+    # issue 10: no infinite or NaN setting, no zero-length fault
+    ({"stall_mid_stream": {"after_tokens": 1, "for_s": 0}},
+     "scenarios/x.toml: mock.stall_mid_stream.for_s: expected a number > 0, got 0"),
+    ({"hang_s": float("inf")}, "scenarios/x.toml: mock.hang_s: expected a number >= 0, got inf"),
+    ({"base_latency_ms": float("nan")}, "scenarios/x.toml: mock.base_latency_ms: expected a number >= 0, got nan"),
+    ({"keepalive_timeout_s": 0}, "scenarios/x.toml: mock.keepalive_timeout_s: expected a number > 0, got 0"),
 ])
 def test_validation_errors(d, expected):
     assert err(d) == expected

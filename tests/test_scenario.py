@@ -23,8 +23,8 @@ def write(tmp_path, text: str):
 @pytest.mark.parametrize(
     "text,key,expect",
     [
-        ("[agents]\ncount = -3\n", "agents.count", "whole number >= 0"),
-        ("[agents]\ncount = 0\n", "agents.count", ">= 1"),
+        ("[agents]\ncount = -3\n", "agents.count", "whole number >= 1, got -3"),
+        ("[agents]\ncount = 0\n", "agents.count", "whole number >= 1, got 0"),
         ("[agents]\ncuont = 3\n", "agents.cuont", "unknown key"),
         ("[client]\nlimit = \"many\"\n", "client.limit", "whole number"),
         ("[client]\nforce_close = 1\n", "client.force_close", "true or false"),
@@ -38,6 +38,35 @@ def write(tmp_path, text: str):
         ("[mock]\nbogus = 1\n", "mock.bogus", "unknown key"),
         ("[nonsense]\nx = 1\n", "nonsense", "unknown section"),
         ("[agents\ncount = 1\n", "(syntax)", "valid TOML"),
+        # issue 10: zero, negative, infinite and NaN values that would silently mean something else
+        ("[canary]\ntimeout_s = 0\n", "canary.timeout_s", "number > 0"),
+        ("[stall]\nafter_s = 0\n", "stall.after_s", "number > 0"),
+        ("[stall]\ngive_up_s = 0\n", "stall.give_up_s", "number > 0"),
+        ("[agents]\nrounds = -1\n", "agents.rounds", "whole number >= 1, got -1"),
+        ("[agents]\nduration_s = 0\n", "agents.duration_s", "number > 0"),
+        ("[agents]\narrival = \"open\"\nrate_per_s = 0\n", "agents.rate_per_s", "number > 0"),
+        ("[client]\ntotal_timeout_s = inf\n", "client.total_timeout_s", "number > 0"),
+        ("[client]\nconnect_timeout_s = nan\n", "client.connect_timeout_s", "number > 0"),
+        ("[conversation]\nmax_tokens = 0\n", "conversation.max_tokens", "whole number >= 1"),
+        ("[canary]\nmax_tokens = 0\n", "canary.max_tokens", "whole number >= 1"),
+        ("[canary]\nprompt_tokens = 0\n", "canary.prompt_tokens", "whole number >= 1"),
+        ("[target]\nmetrics_every_s = 0\n", "target.metrics_every_s", ">= 0.2"),
+        ("[conversation]\nuser_tokens = inf\n", "conversation.user_tokens", ">= 0"),
+        ("[conversation]\ntool_latency_ms = { dist = \"lognormal\", mean = 0, sigma = 1 }\n",
+         "conversation.tool_latency_ms.mean", "number > 0"),
+        ("[conversation]\nuser_tokens = { dist = \"normal\", mean = 5, sigma = 1, min = 10, max = 3 }\n",
+         "conversation.user_tokens.max", ">= conversation.user_tokens.min"),
+        ("[conversation]\nuser_tokens = { dist = \"exponential\", mean = nan }\n", "conversation.user_tokens.mean", ">= 0"),
+        # the target: no credential in the scenario, URLs that can be used
+        ("[target]\nheaders = { Authorization = \"Bearer sk-x\" }\n", "target.headers.Authorization", "headers_env"),
+        ("[target]\nheaders = { \"x-api-key\" = \"k\" }\n", "target.headers.x-api-key", "headers_env"),
+        ("[target]\nheaders = { \"bad name\" = \"v\" }\n", "target.headers.bad name", "header name"),
+        ("[target]\nheaders_env = { \"api-key\" = \"\" }\n", "target.headers_env.api-key", "environment variable"),
+        ("[target]\napi_key_env = \"K\"\nheaders_env = { authorization = \"K2\" }\n",
+         "target.headers_env.authorization", "also set by target.api_key_env"),
+        ("[target]\nendpoint = \"http://u:p@127.0.0.1:8000/v1\"\n", "target.endpoint", "without credentials"),
+        ("[target]\nendpoint = \"http://127.0.0.1:99999/v1\"\n", "target.endpoint", "valid"),
+        ("[target]\nmodel = \"\"\n", "target.model", "model name"),
     ],
 )
 def test_bad_scenarios_name_file_key_and_expectation(tmp_path, text, key, expect):
@@ -69,6 +98,16 @@ def test_overrides_apply_and_are_recorded():
 
     again = parse_scenario({k: v for k, v in d.items() if k != "source"}, sc.source)
     assert again == sc
+
+
+def test_headers_env_names_variables_and_round_trips():
+    sc = load_scenario("demo", ['target.headers_env={"api-key" = "AZURE_KEY"}', 'target.headers={"X-Team" = "a"}'])
+    assert sc.target.headers_env == {"api-key": "AZURE_KEY"}
+    d = sc.to_dict()
+    assert d["target"]["headers_env"] == {"api-key": "AZURE_KEY"}
+    from agentload.scenario import parse_scenario
+
+    assert parse_scenario({k: v for k, v in d.items() if k != "source"}, sc.source) == sc
 
 
 def test_every_packaged_scenario_loads_and_says_what_it_shows():

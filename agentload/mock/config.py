@@ -8,6 +8,7 @@ on one line naming the source, the key and what was expected.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -82,6 +83,7 @@ def _show(value: Any) -> str:
 def _num(source: str, key: str, value: Any, *, minimum: float = 0.0, strict: bool = False,
          maximum: float | None = None) -> float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and value < math.inf  # NaN and inf fail too: an infinite latency or hang is no setting
     ok = ok and (value > minimum if strict else value >= minimum)
     ok = ok and (maximum is None or value <= maximum)
     if not ok:
@@ -140,10 +142,10 @@ def _stall_mid_stream(source: str, key: str, value: Any) -> StallMidStream:
             raise ScenarioError(source, f"{key}.{k}", "unknown key; expected one of: " + ", ".join(allowed))
     for k in ("after_tokens", "for_s"):
         if k not in value:
-            raise ScenarioError(source, f"{key}.{k}", "missing; expected " + ("an integer >= 0" if k == "after_tokens" else "a number >= 0"))
+            raise ScenarioError(source, f"{key}.{k}", "missing; expected " + ("an integer >= 0" if k == "after_tokens" else "a number > 0"))
     return StallMidStream(
         after_tokens=_int(source, f"{key}.after_tokens", value["after_tokens"]),
-        for_s=_num(source, f"{key}.for_s", value["for_s"]),
+        for_s=_num(source, f"{key}.for_s", value["for_s"], strict=True),  # a stall of 0 s is no fault at all
         above_tokens=_int(source, f"{key}.above_tokens", value.get("above_tokens", 0)),
     )
 

@@ -1,16 +1,20 @@
 """Run the mock in the foreground until SIGTERM/SIGINT (the `agentload mock` command and the
-subprocess started by MockProcess), and parse `--set key=value` overrides."""
+subprocess started by MockProcess), and parse `--set key=value` overrides.
+
+A port outside 0-65535 (the OS would take 70000 as 4464) or an address it cannot listen on (in
+use, no such host) is a `UserError` naming the address, before or instead of serving."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import signal
 import sys
 import tomllib
 from typing import Any, Iterable, Mapping
 
-from agentload.errors import ScenarioError
+from agentload.errors import ScenarioError, UserError
 from agentload.mock.config import MockConfig
 
 READY_PREFIX = "AGENTLOAD_MOCK_LISTENING"
@@ -58,6 +62,8 @@ def serve(cfg: MockConfig, host: str = "127.0.0.1", port: int = 8000, ready_line
           *, watch_stdin: bool = False) -> None:
     """Serve until SIGTERM or SIGINT (or, with watch_stdin, until stdin reaches EOF, i.e. the
     parent process is gone). Prints `AGENTLOAD_MOCK_LISTENING port=<n>` once it accepts connections."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise UserError(f"--port: expected a port 0-65535 (0 picks a free one), got {port}")
     coro = _serve(cfg, host, port, ready_line, watch_stdin)
     try:
         import uvloop
@@ -85,7 +91,13 @@ async def _serve(cfg: MockConfig, host: str, port: int, ready_line: bool, watch_
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runner, bound = await start_server(cfg, host, port)
+    try:
+        runner, bound = await start_server(cfg, host, port)
+    except OSError as e:  # in use, not an address of this host, no such host
+        # uvloop's strerror is a sentence of its own; the errno's text is enough
+        why = os.strerror(e.errno) if e.errno and e.errno > 0 else (e.strerror or str(e) or e.__class__.__name__)
+        raise UserError(f"--host/--port: cannot listen on {host}:{port} ({why}); expected a free port "
+                        f"on a local address (0 picks a free port)") from None
     try:
         if watch_stdin:
             await loop.connect_read_pipe(lambda: _EOFWatch(stop), sys.stdin)

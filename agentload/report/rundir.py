@@ -5,6 +5,11 @@ A run with `--workers N` has one records file and one samples file per worker pr
 histograms and the verdict are computed over the whole run. Records are simply all of them;
 samples (one a second per worker) are merged into one sample a second for the whole run
 (`merge_worker_samples`).
+
+Only the records of run.json's run id are read: a folder another run appended to (an `--out`
+reused before agentload refused that) keeps its other records out of this run's numbers, and
+`RunData.other_run_records` counts them (the summary warns). Records are read through
+`agentload.redact`, so a secret this process knows never reaches a report.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from typing import Any
 import orjson
 
 from agentload.errors import UserError
-from agentload.records import Record, iter_record_dicts, load_records
+from agentload.records import Record, iter_record_dicts, load_records, redact_record
+from agentload.redact import has_secrets, register_target
 
 
 @dataclass
@@ -27,6 +33,7 @@ class RunData:
     records: list[Record]
     torn_lines: int
     samples: list[dict[str, Any]]
+    other_run_records: int = 0  # records of other run ids in the folder, skipped
 
 
 def _load_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -110,11 +117,18 @@ def load_run(path: Path) -> RunData:
         meta = orjson.loads(meta_path.read_bytes())
     except orjson.JSONDecodeError as e:
         raise UserError(f"{meta_path}: not valid JSON ({e})")
+    if not isinstance(meta, dict):
+        raise UserError(f"{meta_path}: expected a JSON object (the run's metadata written by `agentload run`)")
+    register_target((meta.get("scenario") or {}).get("target") or {})  # the secrets this environment holds
+    run_id = meta.get("run")
     records: list[Record] = []
     torn = 0
+    others = 0
     for f in worker_files(path, "records", ".jsonl"):
         loaded = load_records(f)
-        records.extend(loaded.records)
+        mine = [r for r in loaded.records if run_id is None or r.run == run_id]
+        others += len(loaded.records) - len(mine)
+        records.extend(map(redact_record, mine) if has_secrets() else mine)
         torn += loaded.torn_lines
     records.sort(key=lambda r: (r.t.get("start") or r.t.get("end") or 0))
     sample_files = worker_files(path, "samples", ".jsonl")
@@ -122,4 +136,7 @@ def load_run(path: Path) -> RunData:
         samples = _load_jsonl(sample_files[0]) if sample_files else []
     else:
         samples = merge_worker_samples([_load_jsonl(f) for f in sample_files], int(meta.get("t0_ns") or 0))
-    return RunData(path, meta, records, torn, samples)
+    if others:  # samples carry no run id: keep those taken while this run was going
+        lo, hi = int(meta.get("t0_ns") or 0), int(meta.get("t_end_ns") or 0) or None
+        samples = [s for s in samples if isinstance(s.get("t"), int) and s["t"] >= lo and (hi is None or s["t"] <= hi)]
+    return RunData(path, meta, records, torn, samples, others)
