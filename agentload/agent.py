@@ -2,7 +2,12 @@
 
 Every request goes through `attempt`, which registers its Trace in the in-flight registry
 (so the watchdog can see it stall and fire its give-up timeout) and always leaves exactly
-one record, whether it completed, failed, stalled or was cut short.
+one record, whether it completed, failed, stalled or was cut short. Reading the response into
+that record is guarded too: an answer agentload's own code cannot read (a `usage` that is not
+an object, ...) becomes an `error` record plus a crash entry in run.json (`ctx.record_crash`),
+never an agent that dies with its measurement. An exception of a programming-error type
+(`AGENTLOAD_BUGS`) out of the send path is recorded the same way: the request as an error,
+the fault as agentload's own, so the verdict does not blame the server for it.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ class AgentState:
 
     agent: int
     round: int = 0
-    state: str = "waiting"  # waiting | request | tool | done | stalled | error | cut_short
+    state: str = "waiting"  # waiting | request | tool | done | stalled | error | cut_short | crashed
     since: int = field(default_factory=_now)
     trace: Trace | None = None
     rounds_completed: int = 0
@@ -42,10 +47,44 @@ def agent_rng(seed: int, agent: int) -> random.Random:
     return random.Random(seed * 1_000_003 + agent)
 
 
+# Exceptions that mean agentload's own code is wrong, not the network or the server: a request
+# that ends in one is still recorded (outcome error), and run.json gets a crash entry for it.
+AGENTLOAD_BUGS = (TypeError, AttributeError, KeyError, IndexError, NameError, AssertionError,
+                  ZeroDivisionError, RecursionError)
+
+
+def _int_or_none(v: object) -> int | None:
+    return v if type(v) is int else None
+
+
+def _record(ctx: "RunContext", trace: Trace, result: Result) -> Record:
+    """The record of a finished request: everything read from the response is read here."""
+    cs = result.stream
+    if result.error == "stall_give_up":
+        outcome = "stalled"
+    elif result.error is not None:
+        outcome = "error"
+    else:
+        outcome = "ok"
+    usage = cs.usage if cs is not None else None
+    if not isinstance(usage, dict):  # "usage": "n/a", a list, ...: not usage
+        usage = None
+    fr = cs.finish_reason if cs is not None else None
+    return Record.from_trace(
+        ctx.run_id, trace, outcome=outcome, status=result.status, error=result.error,
+        error_msg=result.error_msg,
+        server_prompt_tokens=_int_or_none(usage.get("prompt_tokens")) if usage else None,
+        output_tokens=_int_or_none(usage.get("completion_tokens")) if usage else None,
+        finish_reason=fr if isinstance(fr, str) else None,
+        tool_calls=len(cs.tool_calls) if cs is not None else 0,
+    )
+
+
 async def attempt(ctx: "RunContext", session, trace: Trace, body: bytes) -> tuple[Record, Result | None]:
     """Send one request under the give-up timeout; return its record (already written)."""
     ctx.inflight[trace.request_id] = trace
     result: Result | None = None
+    bug: BaseException | None = None
     try:
         async with asyncio.timeout(None) as cm:
             trace.timeout_cm = cm
@@ -68,27 +107,25 @@ async def attempt(ctx: "RunContext", session, trace: Trace, body: bytes) -> tupl
     except Exception as e:  # every failure becomes a record; nothing measured is lost
         err, msg = classify_exception(e)
         result = Result(None, None, err, msg)
+        if isinstance(e, AGENTLOAD_BUGS):
+            bug = e
     finally:
         trace.timeout_cm = None
     ctx.inflight.pop(trace.request_id, None)
     trace.t.setdefault("end", _now())
-    cs = result.stream
-    if result.error == "stall_give_up":
-        outcome = "stalled"
-    elif result.error is not None:
-        outcome = "error"
-    else:
-        outcome = "ok"
-    usage = cs.usage if cs is not None else None
-    rec = Record.from_trace(
-        ctx.run_id, trace, outcome=outcome, status=result.status, error=result.error,
-        error_msg=result.error_msg,
-        server_prompt_tokens=(usage or {}).get("prompt_tokens") if usage else None,
-        output_tokens=(usage or {}).get("completion_tokens") if usage else None,
-        finish_reason=cs.finish_reason if cs is not None else None,
-        tool_calls=len(cs.tool_calls) if cs is not None else 0,
-    )
+    try:
+        rec = _record(ctx, trace, result)
+    except Exception as e:  # agentload could not read the answer: still a record, and a crash entry
+        bug = e
+        err, msg = classify_exception(e)
+        result = Result(result.status if result is not None else None, None, err,
+                        f"agentload could not read the response: {msg}"[:300])
+        rec = Record.from_trace(ctx.run_id, trace, outcome="error", status=result.status, error=err,
+                                error_msg=result.error_msg)
     ctx.emit(rec)
+    if bug is not None:
+        ctx.record_crash(trace.kind, bug, agent=trace.agent if trace.kind == "agent" else None,
+                         round=trace.round if trace.kind == "agent" else None, request_id=trace.request_id)
     return rec, result
 
 

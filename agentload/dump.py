@@ -78,6 +78,8 @@ def format_dump(ctx: "RunContext", reason: str, now_ns: int | None = None, t0_ns
     states = Counter(st.state for st in ctx.agent_states.values())
     lines.append("agents: " + ", ".join(f"{k} {n}" for k, n in sorted(states.items())))
     lines.append("counts: " + " ".join(f"{k} {v}" for k, v in ctx.counts.items()))
+    if getattr(ctx, "crash_count", 0):
+        lines.append(f"agentload crashes: {ctx.crash_count} (run.json crashes)")
     lines.append("")
     header = (f"{'agent':>6} {'round':>5} {'state':<9} {'phase':<9} {'in_phase_s':>10} {'idle_s':>8} "
               f"{'stalled':<9} {'conn':<6} {'rounds_ok':>9}  request_id")

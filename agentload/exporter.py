@@ -7,7 +7,7 @@ the router it tests. Families (all prefixed `agentload_`):
 
     agents{round, phase}              agents working, by round and what they wait for
                                       (pool_wait, connect, send, ttfb, ttft, stream, tool, waiting)
-    agents_finished{outcome}          conversations ended: done, stalled, error, cut_short
+    agents_finished{outcome}          conversations ended: done, stalled, error, cut_short, crashed
     requests_in_flight{phase}         agent requests in flight by phase
     requests_stalled{round, phase}    in-flight requests with no progress for stall.after_s
     oldest_request_age_seconds        age of the oldest agent request in flight
@@ -16,6 +16,7 @@ the router it tests. Families (all prefixed `agentload_`):
     pool_connections{state}           client pool: in_use, idle, waiters, limit, opened (total)
     event_loop_lag_seconds            largest event-loop lag since the last sample
     target_scrapes_total{url,result}  scrapes of [target] metrics_urls, ok / failed
+    crashes_total                     crashes of agentload itself (agents, background tasks; run.json `crashes`)
     run_info{run, scenario, arrival}  1
 plus the standard process_* metrics (RSS, fds, CPU).
 """
@@ -61,7 +62,7 @@ class LiveCollector:
             agents.add_metric([rnd, ph], n)
         yield agents
         fin = GaugeMetricFamily("agentload_agents_finished", "Conversations that ended, by outcome", labels=["outcome"])
-        for k in ("done", "stalled", "error", "cut_short"):
+        for k in ("done", "stalled", "error", "cut_short", "crashed"):
             fin.add_metric([k], finished.get(k, 0))
         yield fin
 
@@ -110,6 +111,8 @@ class LiveCollector:
                 sc.add_metric([url, "ok"], st["ok"])
                 sc.add_metric([url, "failed"], st["failed"])
             yield sc
+        yield CounterMetricFamily("agentload_crashes", "Crashes of agentload itself: agents, background tasks, "
+                                  "the run loop (run.json crashes)", value=getattr(ctx, "crash_count", 0))
         a = ctx.scenario.agents
         yield _info(ctx.run_id, ctx.scenario.source, a.arrival)
 

@@ -3,7 +3,8 @@
 A rich panel when stderr is a terminal, one short plain line per second otherwise (logs, CI,
 pipes). Both show the same snapshot: elapsed time, agents per round, requests in flight by
 phase, stalled requests by round x phase, the oldest request in flight (agent, round, phase,
-age, request id), req/s, tokens/s, errors, and the client pool against its limit.
+age, request id), req/s, tokens/s, errors, the client pool against its limit, and crashes of
+agentload itself when there are any.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Snapshot:
     gave_up: int
     pool: dict[str, int] = field(default_factory=dict)
     lag_ms: float = 0.0
+    crashes: int = 0  # crashes of agentload itself so far (run.json `crashes`)
 
 
 class Rates:
@@ -76,7 +78,8 @@ class Rates:
         return Snapshot(now_m - self.t0, dict(sorted(rounds.items())), dict(sorted(finished.items())),
                         {p: inflight[p] for p in PHASES if inflight.get(p)}, dict(sorted(stalled.items())),
                         oldest, req_s, tok_s, c["requests"], c["ok"], c["error"], c["stalled"], pool,
-                        getattr(sampler, "max_lag_ms", 0.0) if sampler is not None else 0.0)
+                        getattr(sampler, "max_lag_ms", 0.0) if sampler is not None else 0.0,
+                        getattr(ctx, "crash_count", 0))
 
 
 def plain_line(s: Snapshot) -> str:
@@ -91,6 +94,8 @@ def plain_line(s: Snapshot) -> str:
         parts.append(f"oldest a{o['agent']} r{o['round']} {o['phase']} {o['age_s']:.1f}s {o['request_id']}")
     parts.append(f"{s.req_s:.0f} req/s {s.tok_s:.0f} tok/s")
     parts.append(f"err {s.errors} gaveup {s.gave_up}")
+    if s.crashes:
+        parts.append(f"AGENTLOAD CRASHES {s.crashes} (run.json)")
     if s.pool:
         parts.append(f"pool {s.pool.get('in_use', 0)}/{s.pool.get('limit') or 'inf'} w{s.pool.get('waiters', 0)}")
     return " | ".join(parts)
@@ -124,6 +129,8 @@ def rich_view(s: Snapshot, run_dir: str | None = None):
         p = s.pool
         grid.add_row("client pool", f"in use {p.get('in_use', 0)} / limit {p.get('limit') or 'unlimited'}   "
                      f"idle {p.get('idle', 0)}   waiters {p.get('waiters', 0)}   opened {p.get('opened', 0)}")
+    if s.crashes:
+        grid.add_row("agentload crashes", Text(f"{s.crashes} (see run.json crashes)", style="bold red"))
     if s.lag_ms >= 50:
         grid.add_row("event-loop lag", Text(f"{s.lag_ms:.0f} ms", style="yellow"))
     parts: list[Any] = [grid]

@@ -5,15 +5,17 @@ Started by `runner.execute` before any traffic and closed after the last request
 - `TargetScraper` (`[target] metrics_urls`) -> target_metrics.jsonl
 - `IntervalLog` -> intervals.hlog (HdrHistogram intervals of e2e and ttft; constant memory)
 - `Exporter` (`--metrics-port`) -> agentload's live state at 127.0.0.1:PORT/metrics
+
+Their loops are handed to the runner as jobs (`Observers.jobs()`: a name and a coroutine
+function), which it runs supervised: a crash is a crash entry in run.json, then a restart.
 """
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from agentload.exporter import Exporter
 from agentload.intervals import IntervalLog
@@ -28,11 +30,12 @@ class Observers:
     scraper: TargetScraper | None = None
     intervals: IntervalLog | None = None
     exporter: Exporter | None = None
-    _tasks: list[asyncio.Task] = field(default_factory=list)
+    _jobs: list[tuple[str, Callable[[], Awaitable[Any]]]] = field(default_factory=list)
 
-    def tasks(self) -> list[asyncio.Task]:
-        """Background tasks for the runner to cancel with its own at the end."""
-        return list(self._tasks)
+    def jobs(self) -> list[tuple[str, Callable[[], Awaitable[Any]]]]:
+        """(name, coroutine function) of each background loop, for the runner to start supervised
+        (a crash recorded, the loop restarted) and cancel with its own at the end."""
+        return list(self._jobs)
 
     async def close(self) -> None:
         if self.exporter is not None:
@@ -56,13 +59,13 @@ async def start_observers(ctx: "RunContext", sampler: "Sampler", out_dir: Path, 
     sfx = meta.get("files_suffix", "")  # one process of --workers N: its own files; worker 0 scrapes
     if tgt.metrics_urls and meta.get("worker", 0) == 0:
         obs.scraper = TargetScraper(tgt.metrics_urls, tgt.metrics_every_s, out_dir / "target_metrics.jsonl")
-        obs._tasks.append(asyncio.create_task(obs.scraper.run(), name="target-metrics"))
+        obs._jobs.append(("target-metrics", obs.scraper.run))
         if obs.exporter is not None:
             obs.exporter.collector.extra["scraper"] = obs.scraper
         meta["target_metrics"] = "target_metrics.jsonl"
     obs.intervals = IntervalLog(out_dir / f"intervals{sfx}.hlog", meta["t0_ns"], meta["t0_unix"])
     ctx.listeners.append(obs.intervals.add)
-    obs._tasks.append(asyncio.create_task(obs.intervals.run(), name="intervals"))
+    obs._jobs.append(("intervals", obs.intervals.run))
     meta["intervals"] = {"file": f"intervals{sfx}.hlog", "every_s": obs.intervals.every_s, "tags": ["e2e", "ttft"],
                          "unit": "us"}
     return obs

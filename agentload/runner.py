@@ -3,6 +3,23 @@
 Every wait here is bounded by the scenario: the run ends by itself at the latest
 `stall.give_up_s` plus a grace period after it stops starting rounds, and whatever was in
 flight then is recorded as cut short.
+
+It fails closed: a crash of an agent, of a background task (watchdog, sampler, canary, the
+observers, the live view) or of the run loop itself is a crash entry in run.json's `crashes`
+(where, agent, round, error, message, traceback), written the moment it happens, so a run
+killed later still has it; the verdict then blames agentload. A crashed background task is
+restarted (a short pause, at most BACKGROUND_RESTARTS times); a watchdog that keeps crashing
+stops the run, since without it no request would be given up and the run would no longer be
+bounded by `give_up_s`.
+
+Agents start in slices of at most ARRIVAL_SLICE per event-loop step (each agent allocates its
+state when its task first runs): 100,000 agents starting "all" at once must not freeze the loop
+long enough to fake connect timeouts.
+
+How a run ended, in run.json: `ended_by` "finished" (every agent done), "duration"
+(`agents.duration_s`), "interrupted" (a signal) or "crashed" (agentload stopped it), with
+`stop_reason`; `cut_short` is true only when requests in flight were cut, the run was
+interrupted or agentload stopped it, never for a normal end at `duration_s`.
 """
 
 from __future__ import annotations
@@ -11,6 +28,7 @@ import asyncio
 import contextvars
 import functools
 import gc
+import itertools
 import os
 import platform
 import random
@@ -18,9 +36,10 @@ import secrets
 import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import aiohttp
 import orjson
@@ -41,6 +60,19 @@ _now = time.perf_counter_ns
 SHUTDOWN_GRACE_S = 3.0
 SAMPLE_EVERY_S = 1.0
 LOOP_LAG_PROBE_S = 0.1
+ARRIVAL_SLICE = 64  # agents started per event-loop step at most; each first step costs ~0.3 ms (64: ~20 ms)
+BACKGROUND_RESTARTS = 3  # a crashed background task is restarted this often, then left dead (the watchdog: the run stops)
+RESTART_PAUSE_S = 0.1
+MAX_CRASH_ENTRIES = 50  # crash entries kept in run.json (all counted in crash_count)
+
+
+def crash_entry(where: str, exc: BaseException, agent: int | None = None, round: int | None = None,
+                **extra: Any) -> dict[str, Any]:
+    """One entry of run.json's `crashes`."""
+    tb = "".join(traceback.format_exception(exc)).rstrip().splitlines()
+    msg = str(exc).replace("\r", " ").replace("\n", " ").strip() or type(exc).__name__
+    return {"where": where, "agent": agent, "round": round, "error": type(exc).__name__,
+            "message": msg[:300], "traceback": "\n".join(tb[-8:]), **extra}
 
 
 @dataclass
@@ -66,6 +98,27 @@ class RunContext:
     arrivals_t0: int | None = None  # a start time shared by all workers (perf_counter_ns), else now
     agents_idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while no agent task is live
     sleepers: set[asyncio.Future] = field(default_factory=set)  # agents in ctx.sleep(), woken by stop()
+    stopped_by: str | None = None  # finished | duration | interrupted | crashed: what called stop() first
+    crashes: list[dict[str, Any]] = field(default_factory=list)  # the first MAX_CRASH_ENTRIES
+    crash_count: int = 0
+    on_crash: Callable[[], None] | None = None  # rewrites run.json (set by execute)
+
+    def record_crash(self, where: str, exc: BaseException, *, agent: int | None = None,
+                     round: int | None = None, **extra: Any) -> None:
+        """agentload itself failed (an agent, a background task, the run loop): say so on stderr and
+        in run.json at once. Never raises: the run goes on with whatever still works."""
+        self.crash_count += 1
+        try:
+            if len(self.crashes) >= MAX_CRASH_ENTRIES:
+                return
+            entry = crash_entry(where, exc, agent, round, **extra)
+            self.crashes.append(entry)
+            who = f"{where}" + (f" (agent {agent}, round {round})" if agent is not None else "")
+            print(f"agentload: crash in {who}: {entry['error']}: {entry['message']}", file=sys.stderr, flush=True)
+            if self.on_crash is not None:
+                self.on_crash()
+        except Exception as e:  # e.g. run.json not writable: the crash is still counted
+            print(f"agentload: could not record a crash in {where}: {e!r}", file=sys.stderr, flush=True)
 
     def emit(self, rec: Record) -> None:
         self.writer.write(rec)
@@ -94,10 +147,11 @@ class RunContext:
             handle.cancel()
             self.sleepers.discard(fut)
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: str, by: str = "finished") -> None:
         if not self.stopping:
             self.stopping = True
             self.stop_reason = reason
+            self.stopped_by = by
             self.stop_event.set()
             for fut in list(self.sleepers):
                 _wake(fut)
@@ -138,6 +192,7 @@ class RunOutcome:
     cut_short: bool
     stop_reason: str | None
     interrupted: bool
+    ended_by: str = "finished"  # finished | duration | interrupted | crashed
 
 
 def default_out_dir(sc: Scenario, base: Path = Path("reports")) -> Path:
@@ -172,6 +227,7 @@ def run_metadata(sc: Scenario, run_id: str, endpoint: str, embedded_mock: bool) 
         "ended": False,
         "ended_normally": False,
         "cut_short": False,
+        "crashes": [],
     }
 
 
@@ -244,22 +300,24 @@ async def watchdog(ctx: RunContext) -> None:
                 tr.timeout_cm.reschedule(asyncio.get_running_loop().time())
 
 
-async def canaries(ctx: RunContext) -> None:
-    """A short single-round request on its own fresh connection every canary.every_s."""
+async def canaries(ctx: RunContext, counter: "itertools.count[int] | None" = None) -> None:
+    """A short single-round request on its own fresh connection every canary.every_s.
+
+    `counter` numbers the canaries across restarts of this task (request ids stay unique)."""
+    counter = counter if counter is not None else itertools.count()
     cfg = ctx.scenario.canary
     session = ctx.transport.canary_session(cfg.timeout_s)
     sc = ctx.scenario
     conv_cfg = sc.conversation.__class__(
         mode="scripted", system_tokens=const(0), user_tokens=const(cfg.prompt_tokens), tools=0,
         max_tokens=cfg.max_tokens, stream=sc.conversation.stream, include_usage=sc.conversation.include_usage)
-    n = 0
     try:
         while not ctx.stopping:
+            n = next(counter)
             conv = Conversation(conv_cfg, sc.target.model, random.Random(n), -1, tools=[])
             body = conv.body()
             trace = Trace("canary", -1, 1, n, f"{ctx.run_id}-canary-{n}", conv.n_messages, len(body), conv.tokens)
             await attempt(ctx, session, trace, body)
-            n += 1
             await ctx.sleep(cfg.every_s)
     finally:
         await session.close()
@@ -279,8 +337,12 @@ def _agent_done(ctx: RunContext, tasks: set[asyncio.Task], agent: int, t: asynci
     tasks.discard(t)
     if not tasks:
         ctx.agents_idle.set()
-    if not t.cancelled() and t.exception() is not None:
-        print(f"agentload: agent {agent} crashed: {t.exception()!r}", file=sys.stderr)
+    exc = None if t.cancelled() else t.exception()
+    if exc is not None:
+        st = ctx.agent_states.get(agent)
+        if st is not None:
+            st.state = "crashed"
+        ctx.record_crash("agent", exc, agent=agent, round=(st.round or None) if st is not None else None)
     if ctx.scenario.agents.arrival == "open":
         st = ctx.agent_states.pop(agent, None)
         if st is not None:
@@ -293,6 +355,10 @@ async def _arrivals(ctx: RunContext, tasks: set[asyncio.Task]) -> None:
     a = sc.agents
     loop_start = ctx.arrivals_t0 or _now()
     mine, workers = ctx.shard
+    # Agents started since the loop last ran: at most ARRIVAL_SLICE, then yield, so the new agents'
+    # first steps (building a conversation, asking the pool) and every socket event in between run
+    # before the next slice. 100,000 agents at once froze the loop 12-22 s (false connect timeouts).
+    started = 0
     if a.arrival == "closed":
         n = a.count
         ramp = 0.0 if a.start == "all" else float(a.start)
@@ -306,9 +372,16 @@ async def _arrivals(ctx: RunContext, tasks: set[asyncio.Task]) -> None:
                 delay = (due - _now()) / 1e9
                 if delay > 0:
                     await ctx.sleep(delay)
+                    started = 0
                     if ctx.stopping:
                         return
+            if started >= ARRIVAL_SLICE:
+                await asyncio.sleep(0)
+                started = 0
+                if ctx.stopping:
+                    return
             _track(ctx, tasks, asyncio.create_task(run_agent(ctx, i), name=f"agent-{i}"))
+            started += 1
         return
     # Open loop: new conversations start at a rate, whatever the server does; each first
     # request carries the time it should have started, so latency counts the lateness too.
@@ -324,9 +397,42 @@ async def _arrivals(ctx: RunContext, tasks: set[asyncio.Task]) -> None:
         # a loop timer may fire up to its clock resolution early: never start before the intended time
         while (delay := (due - _now()) / 1e9) > 0:
             await ctx.sleep(delay)
+            started = 0
+            if ctx.stopping:
+                return
+        if started >= ARRIVAL_SLICE:  # far behind schedule: still a slice per loop step
+            await asyncio.sleep(0)
+            started = 0
             if ctx.stopping:
                 return
         _track(ctx, tasks, asyncio.create_task(run_agent(ctx, i, intended_start=due), name=f"agent-{i}"))
+        started += 1
+
+
+async def _supervise(ctx: RunContext, name: str, job: Callable[[], Awaitable[Any]],
+                     restarts: int = BACKGROUND_RESTARTS) -> None:
+    """Run a background job; if it crashes, record it (run.json at once) and start it again after a
+    short pause, at most `restarts` times. The watchdog is what gives up stalled requests and so
+    bounds the run: when it has crashed once more than that, the run stops (ended_by "crashed")
+    rather than go on without stall detection."""
+    crashes = 0
+    while True:
+        try:
+            await job()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            crashes += 1
+            stopping = asyncio.current_task().cancelling() > 0  # it failed while being cancelled
+            ctx.record_crash(name, e, restarted=crashes <= restarts and not stopping)
+            if stopping:
+                raise asyncio.CancelledError from e
+            if crashes > restarts:
+                if name == "watchdog":
+                    ctx.stop(f"agentload's watchdog crashed {crashes} times: no stall detection", by="crashed")
+                return
+            await asyncio.sleep(RESTART_PAUSE_S)
 
 
 async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: bool,
@@ -357,6 +463,13 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
     ctx = RunContext(sc, run_id, transport.url, transport, writer, tool_schemas(sc.conversation.tools))
     if worker is not None:
         ctx.shard = (worker.index, worker.count)
+
+    def write_crashes() -> None:  # the moment a crash happens: a run killed later still has it
+        meta["crashes"] = list(ctx.crashes)
+        meta["crash_count"] = ctx.crash_count
+        _write_json(out_dir / f"run{sfx}.json", meta)
+
+    ctx.on_crash = write_crashes
     sampler = Sampler(ctx, out_dir / f"samples{sfx}.jsonl")
     try:
         extras = await start_observers(ctx, sampler, out_dir, meta, metrics_port)
@@ -373,7 +486,7 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
         nonlocal interrupts
         interrupts += 1
         if interrupts == 1 and not ctx.stopping:
-            ctx.stop(f"interrupted ({signame})")
+            ctx.stop(f"interrupted ({signame})", by="interrupted")
             print(f"\nagentload: {signame}: no new rounds; in-flight requests get up to give_up_s="
                   f"{sc.stall.give_up_s:g} s, then the full report (signal again to stop now)",
                   file=sys.stderr, flush=True)
@@ -387,19 +500,22 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
         loop.add_signal_handler(signal.SIGUSR1, dump.on_sigusr1, ctx, out_dir, meta["t0_ns"])
 
     agent_tasks: set[asyncio.Task] = set()
-    background = [asyncio.create_task(watchdog(ctx), name="watchdog"),
-                  asyncio.create_task(sampler.run(), name="sampler"),
-                  asyncio.create_task(sampler.probe_lag(), name="lag"),
-                  asyncio.create_task(dump.watch_stalls(ctx, out_dir, meta["t0_ns"]), name="stall-dumps")]
+    # Every background job runs supervised: a crash is recorded and the job restarted (see _supervise).
+    jobs: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+        ("watchdog", functools.partial(watchdog, ctx)),
+        ("sampler", sampler.run),
+        ("lag", sampler.probe_lag),
+        ("stall-dumps", functools.partial(dump.watch_stalls, ctx, out_dir, meta["t0_ns"]))]
     if sc.canary.every_s > 0 and (worker is None or worker.index == 0):
-        background.append(asyncio.create_task(canaries(ctx), name="canary"))
-    background.extend(extras.tasks())
+        jobs.append(("canary", functools.partial(canaries, ctx, itertools.count())))
+    jobs.extend(extras.jobs())
     if on_tick is not None:
         async def ticker() -> None:
             while True:
                 await asyncio.sleep(1.0)
                 on_tick(ctx, sampler)
-        background.append(asyncio.create_task(ticker(), name="live"))
+        jobs.append(("live", ticker))
+    background = [asyncio.create_task(_supervise(ctx, name, job), name=name) for name, job in jobs]
 
     if worker is not None and worker.gate is not None:
         ctx.arrivals_t0 = await worker.gate()  # every worker's agents start at the same moment
@@ -413,16 +529,25 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
     idle_wait = asyncio.create_task(ctx.agents_idle.wait())
     stop_wait = asyncio.create_task(ctx.stop_event.wait())
     gc_restore = gc_for_run()
+    runner_crashed = False
+    arrivals_checked = False
     try:
         # Phase 1: run until every agent is done, the duration is over, or a signal comes.
         while True:
+            if arrivals.done() and not arrivals_checked:
+                arrivals_checked = True
+                exc = None if arrivals.cancelled() else arrivals.exception()
+                if exc is not None:  # agents that were due never started: the run is not what was asked
+                    ctx.record_crash("arrivals", exc)
+                    ctx.stop("agentload crashed: the arrivals task", by="crashed")
+                    break
             if arrivals.done() and not agent_tasks:
                 break
             timeout = 0.5
             if duration is not None:
                 left = duration - (time.monotonic() - started)
                 if left <= 0:
-                    ctx.stop("duration reached")
+                    ctx.stop("duration reached", by="duration")
                     break
                 timeout = min(timeout, left)
             if ctx.stopping:
@@ -445,29 +570,61 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
             await asyncio.wait(still, timeout=SHUTDOWN_GRACE_S)
         if not arrivals.done():
             arrivals.cancel()
+    except Exception as e:  # agentload's run loop itself failed: record it, stop, still write every file
+        runner_crashed = True
+        ctx.record_crash("runner", e)
+        ctx.stop("agentload crashed: the run loop", by="crashed")
+        arrivals.cancel()
+        still = [t for t in agent_tasks if not t.done()]
+        for t in still:
+            t.cancel()
+        if still:
+            await asyncio.wait(still, timeout=SHUTDOWN_GRACE_S)
     finally:
         idle_wait.cancel()
         stop_wait.cancel()
         for t in background:
             t.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
-        sampler.sample()
-        sampler.close()
-        await extras.close()
-        await transport.close()
-        writer.close()
+        # bounded: a job that swallowed its cancel must not keep the run from writing its files
+        done, pending = await asyncio.wait(background, timeout=SHUTDOWN_GRACE_S) if background else (set(), set())
+        for t in done:
+            if not t.cancelled() and t.exception() is not None:  # _supervise records; this is a fault in it
+                ctx.record_crash(t.get_name(), t.exception())
+        for t in pending:
+            ctx.record_crash(t.get_name(), RuntimeError(f"background task {t.get_name()} did not stop "
+                                                        f"within {SHUTDOWN_GRACE_S:g} s of its cancel"))
+        # Each closing step on its own: one that fails is a crash entry, the others still run and
+        # run.json is still written.
+        for name, step in (("sampler", sampler.sample), ("sampler", sampler.close), ("observers", extras.close),
+                           ("transport", transport.close), ("writer", writer.close)):
+            try:
+                r = step()
+                if asyncio.iscoroutine(r):
+                    await r
+            except Exception as e:
+                ctx.record_crash(name, e)
         if install_signals:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
                 loop.remove_signal_handler(sig)
         interrupted = interrupts > 0
-        cut_short = cut_short or interrupted or bool(ctx.finished.get("cut_short")) or any(
-            st.state == "cut_short" for st in ctx.agent_states.values())
-        meta.update({"ended": True, "ended_normally": not interrupted, "cut_short": cut_short,
+        if runner_crashed or ctx.stopped_by == "crashed":
+            ended_by = "crashed"
+        elif interrupted:
+            ended_by = "interrupted"
+        else:
+            ended_by = ctx.stopped_by or "finished"
+        # Cut short: requests in flight were cut (their cut_short records), a signal stopped the run,
+        # or agentload stopped it. Agents that start no further round at duration_s are not: that
+        # is how a run with a duration ends.
+        cut_short = (cut_short or interrupted or ended_by == "crashed" or ctx.counts["cut_short"] > 0)
+        meta.update({"ended": True, "ended_normally": not interrupted and ended_by != "crashed",
+                     "cut_short": cut_short, "ended_by": ended_by,
                      "stop_reason": ctx.stop_reason, "t_end_ns": _now(), "t_end_unix": time.time(),
-                     "records": writer.count, "max_loop_lag_ms": round(sampler.max_lag_ms, 3)})
+                     "records": writer.count, "max_loop_lag_ms": round(sampler.max_lag_ms, 3),
+                     "crashes": list(ctx.crashes), "crash_count": ctx.crash_count})
         _write_json(out_dir / f"run{sfx}.json", meta)
         gc_restore()
-    return RunOutcome(out_dir, run_id, cut_short, ctx.stop_reason, interrupts > 0)
+    return RunOutcome(out_dir, run_id, cut_short, ctx.stop_reason, interrupts > 0, ended_by)
 
 
 async def _wait_idle_or(ctx: RunContext, tasks: set[asyncio.Task], hard: asyncio.Task, timeout: float) -> None:

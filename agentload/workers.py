@@ -13,7 +13,10 @@ waits until all are ready and tells them when to start (the same moment for all)
 SIGINT/SIGTERM (each worker then stops as a single run does), prints a merged live line, and at
 the end merges the workers' run-wI.json into run.json. Each worker writes records-wI.jsonl,
 samples-wI.jsonl and intervals-wI.hlog; `report.rundir.load_run` reads them all, so the report,
-the histograms and the verdict cover the whole run.
+the histograms and the verdict cover the whole run. run.json's `crashes` holds every worker's
+crash entries with a `worker` key, plus one (where "worker") for a worker process that exited
+with an error status; `ended_by` is the worst of the workers' (crashed, interrupted, duration,
+finished).
 
 A worker's stdin is its lifeline: the line `GO <perf_counter_ns>` starts its agents, EOF (the
 parent is gone) stops it.
@@ -150,10 +153,34 @@ def merge_meta(meta: dict[str, Any], metas: list[dict[str, Any] | None], codes: 
             reasons.append(f"worker {w} exited with status {code}")
     stop = next((m.get("stop_reason") for m in got if m.get("stop_reason") not in (None, "all agents finished")),
                 None) or (got[0].get("stop_reason") if got else None)
+    crashes: list[dict[str, Any]] = []
+    crash_count = 0
+    for w, (m, code) in enumerate(zip(metas, codes)):
+        for c in (m or {}).get("crashes") or []:
+            crashes.append({**c, "worker": w})
+        crash_count += int((m or {}).get("crash_count") or len((m or {}).get("crashes") or []))
+        if code is not None and code > 0:  # an exception ended the process (a signal's kill is negative)
+            crash_count += 1
+            crashes.append({"where": "worker", "agent": None, "round": None, "error": "WorkerExit",
+                            "message": f"worker {w} exited with status {code}"
+                                       + ("" if m is not None and m.get("ended") else " before its run ended"),
+                            "traceback": "", "worker": w})
+    by = [m.get("ended_by") for m in got]
+    if any(c["where"] == "worker" for c in crashes) or "crashed" in by:
+        ended_by = "crashed"
+    elif interrupted or reasons or "interrupted" in by:
+        ended_by = "interrupted"
+    elif "duration" in by:
+        ended_by = "duration"
+    else:
+        ended_by = "finished"
     meta.update({
         "ended": True,
         "ended_normally": not interrupted and not reasons and all(m.get("ended_normally") for m in got),
         "cut_short": interrupted or bool(reasons) or any(m.get("cut_short") for m in got),
+        "ended_by": ended_by,
+        "crashes": crashes,
+        "crash_count": crash_count,
         "stop_reason": "; ".join(reasons + ([stop] if stop else [])) or None,
         "t_end_ns": max([m.get("t_end_ns") or 0 for m in got] or [0]) or None,
         "t_end_unix": max([m.get("t_end_unix") or 0 for m in got] or [0]) or None,
@@ -254,7 +281,8 @@ def run_workers(sc: Any, run_dir: Path, base_url: str, n: int, *, embedded_mock:
             metas.append(None)
     merge_meta(meta, metas, [p.returncode for p in procs], interrupts > 0)
     _write_json(run_dir / "run.json", meta)
-    return RunOutcome(run_dir, run_id, bool(meta["cut_short"]), meta.get("stop_reason"), interrupts > 0)
+    return RunOutcome(run_dir, run_id, bool(meta["cut_short"]), meta.get("stop_reason"), interrupts > 0,
+                      meta["ended_by"])
 
 
 # ---------------------------------------------------------------- a worker
