@@ -107,6 +107,10 @@ class Facts:
         self.stalled = [r for r in self.recs if r.stalled_phase]
         self.fine = [r for r in self.recs if not r.stalled_phase and r.outcome == "ok"]
         self.errors = [r for r in self.recs if r.outcome == "error"]
+        # aiohttp's connect timeout also covers the wait for a pool slot: one that fired while
+        # the request was still queued is the pool's, not the network's
+        self.pool_timeouts = [r for r in self.errors if r.error == "connect_timeout"
+                              and "queued_start" in r.t and "queued_end" not in r.t]
         self.server_stalls = [r for r in self.stalled if r.stalled_phase in ("ttfb", "ttft", "stream")]
         self.pool_stalls = [r for r in self.stalled if r.stalled_phase == "pool_wait"]
         self.waiters_max = max([s.get("pool", {}).get("waiters", 0) for s in self.samples] + [0])
@@ -168,8 +172,9 @@ def rule_agentload_error(f: Facts) -> Finding | None:
         tb = (c.get("traceback") or "").strip().splitlines()
         fnd.evidence.append(f"{where}: {c.get('error')}: {c.get('message')}"
                             + (f" at {tb[-2].strip()}" if len(tb) >= 2 else ""))
-    if len(crashes) > 5:
-        fnd.evidence.append(f"... {len(crashes) - 5} more crash(es) in run.json")
+    total = max(int(f.meta.get("crash_count") or 0), len(crashes))  # run.json keeps the first 50
+    if total > 5:
+        fnd.evidence.append(f"... {total - 5} more crash(es) ({total} in all; run.json lists the first {len(crashes)})")
     if tasks.get("watchdog"):
         fnd.evidence.append("the watchdog died: stalls after that point may not have been detected")
     return fnd
@@ -301,10 +306,11 @@ def rule_client_pool(f: Facts) -> Finding | None:
     share_ok = (pw50 is not None and e50 and pw50 >= POOL_WAIT_SHARE * e50) or \
                (pw90 is not None and e90 and pw90 >= POOL_WAIT_SHARE * e90)
     slow = share_ok and (pw90 or 0) >= POOL_WAIT_MIN_MS and len(waited) >= POOL_WAITED_SHARE * n
-    if not (f.pool_stalls or slow):
+    if not (f.pool_stalls or f.pool_timeouts or slow):
         return None
-    who = f.pool_stalls or waited
-    stopped = f.stopped_by(lambda r: r.stalled_phase == "pool_wait")
+    who = f.pool_stalls or f.pool_timeouts or waited
+    timed_out = {id(r) for r in f.pool_timeouts}
+    stopped = f.stopped_by(lambda r: r.stalled_phase == "pool_wait" or id(r) in timed_out)
     fnd = Finding(Kind.CLIENT_POOL,
                   f"client pool exhausted: requests waited for a free connection (limit {f.limit}): pool_wait p50 "
                   f"{_ms(pw50)} ms = {_share(pw50, e50)} of e2e p50 {_ms(e50)} ms; {len(waited)} of {n} requests "
@@ -317,6 +323,10 @@ def rule_client_pool(f: Facts) -> Finding | None:
               f"{len(waited)} of {n} requests waited")
     if f.pool_stalls:
         ev.append(f"{len(f.pool_stalls)} request(s) stalled in pool_wait (no connection for stall.after_s)")
+    if f.pool_timeouts:
+        pt = (f.scenario.get("client") or {}).get("pool_timeout_s")
+        ev.append(f"{len(f.pool_timeouts)} request(s) failed waiting for a connection (connect_timeout while "
+                  f"queued: client.pool_timeout_s = {pt})")
     if f.waiters_max:
         ev.append(f"the one-second sampler saw up to {f.waiters_max} request(s) queued for a connection at "
                   f"limit {f.limit}")
@@ -347,7 +357,8 @@ def _error_finding(f: Facts, kind: Kind, errs: list[Record], summary: str, phase
 
 
 def rule_connect(f: Facts) -> Finding | None:
-    errs = [r for r in f.errors if r.error in CONNECT_ERRORS]
+    pool = {id(r) for r in f.pool_timeouts}
+    errs = [r for r in f.errors if r.error in CONNECT_ERRORS and id(r) not in pool]
     if not errs:
         return None
     fnd = _error_finding(f, Kind.CONNECT, errs,

@@ -75,7 +75,7 @@ def summarize(h: HdrHistogram) -> dict[str, float | int] | None:
     pct = percentiles_ms(h) or {}
     for p in PERCENTILES:
         out[f"p{p}_ms"] = pct[p]
-    out["max_ms"] = round(h.get_max_value() / 1000.0, 3)
+    out["max_ms"] = round(h.get_max_value() / 1000.0, 3)  # the same bucket rule as the percentiles
     return out
 
 

@@ -297,3 +297,22 @@ def test_every_rule_has_a_kind_in_the_enumeration_and_readme_lists_every_kind():
     listed = set(re.findall(r"^- `([a-z_]+)`", para, flags=re.M))
     assert listed == {k.value for k in Kind}, (listed ^ {k.value for k in Kind})
     assert len(RULES) == len(set(RULES))
+
+
+def test_a_connect_timeout_while_queued_for_a_slot_is_the_pools():
+    run = healthy_base()
+    rec = run.error(0, 4, "connect_timeout", pool_wait_ms=30_000, ttfb_ms=None)
+    del rec.t["queued_end"], rec.t["sent"]  # still queued when the timeout fired
+    v = diagnose(run.data())
+    assert v["kind"] == "client_pool" and v["agents_stopped"] == 1
+    assert any("failed waiting for a connection" in e for e in v["evidence"])
+    assert "connect" not in [s["kind"] for s in v["secondary"]]
+
+
+def test_aiohttp_connect_timeouts_are_classified_as_connect_timeout():
+    import aiohttp
+
+    from agentload.request import classify_exception
+
+    assert classify_exception(aiohttp.ConnectionTimeoutError("Connection timeout to host"))[0] == "connect_timeout"
+    assert classify_exception(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))[0] == "read_timeout"

@@ -55,9 +55,8 @@ def _start_lateness(data: RunData) -> dict[str, float] | None:
     late = [r.t["start"] - r.t["intended"] for r in data.records if "intended" in r.t and "start" in r.t]
     if not late:
         return None
-    h = histogram_of(late)
-    pct = percentiles_ms(h, (50, 99)) or {}
-    return {"n": len(late), "p50": pct[50], "p99": pct[99], "max": round(max(late) / 1e6, 3)}
+    pct = percentiles_ms(histogram_of(late), (50, 99, 100)) or {}
+    return {"n": len(late), "p50": pct[50], "p99": pct[99], "max": pct[100]}
 
 
 def warnings_for(data: RunData, rounds: dict) -> list[str]:
@@ -95,8 +94,9 @@ def timing_error(records: list) -> dict[str, Any] | None:
          if r.kind == "agent" and r.server_first_token_ns is not None and "first_token" in r.t]
     if not d:
         return None
-    pct = percentiles_ms(histogram_of(d), (50, 99)) or {}
-    return {"n": len(d), "p50_ms": pct[50], "p99_ms": pct[99], "max_ms": round(max(d) / 1e6, 3)}
+    h = histogram_of(d)
+    pct = percentiles_ms(h, (50, 99, 100)) or {}
+    return {"n": len(d), "p50_ms": pct[50], "p99_ms": pct[99], "max_ms": pct[100]}
 
 
 def build_summary(data: RunData) -> dict[str, Any]:
