@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from agentload import redact
 from agentload.body_sink import read_body
 from agentload.chat_stream import TOKEN, ChatStream
 from agentload.records import Trace
@@ -63,7 +64,7 @@ def first_bytes(raw: bytes, limit: int = _FIRST_BYTES) -> str:
     """The first `limit` bytes of a body as one line of text (for error messages)."""
     if not raw:
         return "(empty body)"
-    text = raw[:limit].decode("utf-8", "replace")
+    text = redact.redact(raw[:4 * limit].decode("utf-8", "replace"))[:limit]
     text = text.replace("\r", " ").replace("\n", " ").replace("\t", " ")
     return text + ("..." if len(raw) > limit else "")
 
@@ -242,7 +243,9 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, trace: Tra
         if status >= 400:
             raw = await resp.read()
             t["end"] = _now()
-            msg = raw[:_ERROR_BODY_LIMIT].decode("utf-8", "replace").replace("\n", " ")
+            # redacted before it is cut: a server that echoes the key must not leave a tail of it
+            msg = redact.redact(raw[:4 * _ERROR_BODY_LIMIT].decode("utf-8", "replace"))
+            msg = msg.replace("\n", " ")[:_ERROR_BODY_LIMIT]
             return Result(status, None, f"http_{status}", msg, _retry_after(resp))
         ctype = resp.headers.get("Content-Type", "")
         if _SSE_TYPE not in ctype and _SSE_TYPE not in ctype.lower():

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import aiohttp
 import orjson
 
-from agentload import __version__, dump
+from agentload import __version__, dump, redact
 from agentload.agent import AgentState, attempt, run_agent
 from agentload.conversation import Conversation, tool_schemas
 from agentload.health import ProcessHealth
@@ -70,9 +70,9 @@ def crash_entry(where: str, exc: BaseException, agent: int | None = None, round:
                 **extra: Any) -> dict[str, Any]:
     """One entry of run.json's `crashes`."""
     tb = "".join(traceback.format_exception(exc)).rstrip().splitlines()
-    msg = str(exc).replace("\r", " ").replace("\n", " ").strip() or type(exc).__name__
+    msg = redact.redact(str(exc).replace("\r", " ").replace("\n", " ").strip()) or type(exc).__name__
     return {"where": where, "agent": agent, "round": round, "error": type(exc).__name__,
-            "message": msg[:300], "traceback": "\n".join(tb[-8:]), **extra}
+            "message": msg[:300], "traceback": redact.redact("\n".join(tb[-8:])), **extra}
 
 
 @dataclass
@@ -457,9 +457,9 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
         sfx = f"-w{worker.index}"
         meta.update(t0_ns=worker.t0_ns, t0_unix=worker.t0_unix, worker=worker.index, workers=worker.count,
                     files_suffix=sfx)
+    transport = Transport(sc.client, sc.target, base_url)  # first: a missing secret leaves no half-made run
     _write_json(out_dir / f"run{sfx}.json", meta)
     writer = RecordWriter(out_dir / f"records{sfx}.jsonl")
-    transport = Transport(sc.client, sc.target, base_url)
     ctx = RunContext(sc, run_id, transport.url, transport, writer, tool_schemas(sc.conversation.tools))
     if worker is not None:
         ctx.shard = (worker.index, worker.count)

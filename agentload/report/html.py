@@ -256,7 +256,7 @@ def table_rounds(summary: dict[str, Any]) -> str:
         rows.append(f"<tr><th>{_e(r['round'])}</th><td>{r['requests']}</td><td>{r['completed']}</td>"
                     f"<td>{r['errors']}</td><td>{r['stalled']}</td><td>{r.get('cut_short', 0)}</td>{''.join(cells)}</tr>")
     return (f"<table class='num'><thead><tr><th>round</th><th>requests</th><th>ok</th><th>errors</th>"
-            f"<th>stalled (gave up)</th><th>cut short</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+            f"<th>stalled</th><th>cut short</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
 def table_stalls(data: RunData) -> str:
@@ -583,7 +583,7 @@ def build_html(data: RunData, summary: dict[str, Any]) -> str:
         *(["<h2>The target's metrics</h2>", "<p class='note'>Scraped from [target] metrics_urls during the run "
            "(target_metrics.jsonl), on the same clock as the requests; dashed: agentload's own view.</p>",
            rendered["fig-target"]] if "fig-target" in rendered else []),
-        f"<p class='note'>Rebuild with <code>agentload report {_e(data.path.name)}</code>; "
+        f"<p class='note'>Rebuild with <code>agentload report {_e(str(data.path.resolve()))}</code>; "
         f"{len(data.records):,} records, {len(data.samples):,} samples.</p>",
     ]
     page = ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
