@@ -44,7 +44,7 @@ SETTING_SECTIONS = ("client", "stall")
 
 LEGEND_BEST = "* best value in its row (nothing is marked when every run has the same value)"
 LEGEND_PHASES = ("phases: p50 / p99 in ms over every agent request (e2e: completed requests only); "
-                 "pool_wait 0.0 = a slot was free at once")
+                 "pool_wait 0.00 = a slot was free at once")
 LEGEND_STALE = ("stale-conn errors: a disconnect-class error (ServerDisconnectedError, ClientOSError, ...) on a "
                 "reused keep-alive connection before response headers; aiohttp does not retry these POSTs")
 LEGEND_REUSE = ("keep-alive reuse: requests sent on a reused connection / requests that got a connection; "

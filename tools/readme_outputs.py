@@ -49,6 +49,8 @@ def run(cmd: str, tmp: Path, n: int) -> str:
             raise SystemExit(f"README.md: only '| head -N' or '| tail -N' are understood, not {pipe!r}")
         k = int(m.group(2))
         lines = lines[:k] if m.group(1) == "head" else lines[-k:]
+    while lines and not lines[-1].strip():
+        lines.pop()
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
