@@ -50,8 +50,8 @@ def run(
 ) -> None:
     """Run a scenario and print its report (verdict first)."""
     from agentload.launch import run_to_dir
-    from agentload.runner import default_out_dir
-    from agentload.scenario import load_scenario
+    from agentload.run.runner import default_out_dir
+    from agentload.run.scenario import load_scenario
 
     if fail_on not in ("problem", "never"):
         _fail(f"--fail-on: expected 'problem' or 'never', got {fail_on!r}")
@@ -98,7 +98,7 @@ def mock(
     """Run the mock OpenAI-compatible server standalone (e.g. behind a router)."""
     from agentload.mock.config import MockConfig
     from agentload.mock.serve import parse_set_overrides, serve
-    from agentload.scenario import load_scenario
+    from agentload.run.scenario import load_scenario
 
     try:
         base = load_scenario(scenario).mock.to_dict() if scenario else {}
@@ -152,6 +152,8 @@ def compare(
 ) -> None:
     """Compare client settings on the same seeded workload, side by side (verdict, rounds, phases, connections)."""
     from agentload import compare as cmp
+    from agentload.analysis import compare as cmp_math
+    from agentload.report import compare_text
 
     try:
         paths = [Path(t) for t in targets]
@@ -162,15 +164,15 @@ def compare(
             not_dirs = [t for t, p in zip(targets, paths) if not p.is_dir()]
             if not_dirs:
                 _fail(f"{not_dirs[0]}: not a run folder; to run a scenario, give --vary section.key=v1,v2")
-            runs, names, base = cmp.expand_targets(paths)
-            doc = cmp.compare_dirs(runs, force=force, names=names, base=out or base)
+            runs, names, base = cmp_math.expand_targets(paths)
+            doc = cmp_math.compare_dirs(runs, force=force, names=names, base=out or base)
             dest = out or base
             if dest is not None:
-                text = cmp.write_outputs(doc, dest)
+                text = compare_text.write_outputs(doc, dest)
                 _echo(text)
                 typer.echo(f"comparison: {dest / 'compare.html'}  {dest / 'compare.json'}", err=True)
             else:
-                _echo(cmp.render_text(doc))
+                _echo(compare_text.render_text(doc))
                 typer.echo("(pass --out DIR to write compare.json and compare.html)", err=True)
             return
         if len(paths) > 1:
@@ -187,9 +189,9 @@ def compare(
         if len(res.done) < 2 and res.interrupted:
             typer.echo(f"agentload: interrupted before two variants finished; runs so far are in {dest}", err=True)
             raise typer.Exit(130)
-        doc = cmp.compare_dirs([dest / v.folder for v in res.done], force=force, names=[v.name for v in res.done],
+        doc = cmp_math.compare_dirs([dest / v.folder for v in res.done], force=force, names=[v.name for v in res.done],
                                base=dest)
-        text = cmp.write_outputs(doc, dest)
+        text = compare_text.write_outputs(doc, dest)
     except UserError as e:
         _fail(str(e))
     _echo(text)
@@ -204,7 +206,7 @@ def scenarios() -> None:
     import shutil
     import textwrap
 
-    from agentload.scenario import load_scenario, packaged_scenarios
+    from agentload.run.scenario import load_scenario, packaged_scenarios
 
     width = max(60, min(120, shutil.get_terminal_size((100, 24)).columns))
     for name in packaged_scenarios():

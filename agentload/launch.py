@@ -18,17 +18,8 @@ from urllib.parse import urlsplit
 from agentload.errors import UserError
 from agentload.redact import env_secrets, register_target
 from agentload.report.build import write_reports
-from agentload.runner import RunOutcome, execute
-from agentload.scenario import Scenario
-
-
-def use_uvloop() -> None:
-    try:
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:  # optional: the default loop works, a little slower
-        pass
+from agentload.run.runner import RunOutcome, execute, use_uvloop
+from agentload.run.scenario import Scenario
 
 
 @dataclass
@@ -42,8 +33,8 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
                log=lambda msg: print(msg, file=sys.stderr), metrics_port: int | None = None,
                workers: int = 1) -> Launched:
     """Run `sc` into run_dir and write every report. With workers > 1 the agents run in that many
-    processes (agentload.workers), against one embedded mock shared by all of them."""
-    from agentload.live import LiveLine
+    processes (agentload.run.workers), against one embedded mock shared by all of them."""
+    from agentload.run.live import LiveLine
     from agentload.mock.process import MockProcess
 
     if workers > 1 and metrics_port is not None:
@@ -63,7 +54,7 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
             base_url = sc.target.endpoint
         log(f"agentload: running {sc.source} against {base_url}{' (embedded mock)' if mock else ''} -> {run_dir}")
         if workers > 1:
-            from agentload.workers import run_workers
+            from agentload.run.workers import run_workers
 
             outcome = run_workers(sc, run_dir, base_url, workers, embedded_mock=mock is not None,
                                   install_signals=install_signals, live=live, log=log)

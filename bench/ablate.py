@@ -18,8 +18,8 @@ from typing import Callable
 
 def _sink() -> None:
     """Bodies read with `await content.readany()` (one task wake-up per read) and aiohttp's
-    sock_read timer re-armed on every read, instead of agentload.body_sink."""
-    import agentload.request as rq
+    sock_read timer re-armed on every read, instead of agentload.run.body_sink."""
+    import agentload.run.request as rq
 
     async def no_sink(content, feed, protocol=None, last_byte_ns=None) -> bool:
         return False
@@ -29,7 +29,7 @@ def _sink() -> None:
 
 def _idle() -> None:
     """Keep the sink, but leave aiohttp's sock_read timer (cancel + re-arm per read)."""
-    import agentload.request as rq
+    import agentload.run.request as rq
 
     fast = rq.read_body
 
@@ -41,7 +41,7 @@ def _idle() -> None:
 
 def _ssefast() -> None:
     """No one-event fast path in SSEDecoder.feed (every read split and scanned)."""
-    from agentload.sse import SSEDecoder
+    from agentload.run.sse import SSEDecoder
 
     orig = SSEDecoder.feed
 
@@ -57,7 +57,7 @@ def _ua() -> None:
     instead of sending our own."""
     from multidict import istr
 
-    import agentload.transport as tp
+    import agentload.run.transport as tp
 
     orig = tp.Transport._new_session
 
@@ -75,7 +75,7 @@ def _convbuf() -> None:
     body joined from the list on every request."""
     import orjson
 
-    from agentload.conversation import Conversation
+    from agentload.run.conversation import Conversation
     from agentload.tokens import message_tokens
 
     parts: dict[int, list] = {}
@@ -95,7 +95,7 @@ def _convbuf() -> None:
 
 def _sleep() -> None:
     """ctx.sleep() as asyncio.wait_for(stop_event.wait(), timeout): a task and more per sleeping agent."""
-    import agentload.runner as runner
+    import agentload.run.runner as runner
 
     async def sleep(self, seconds: float) -> None:
         if seconds <= 0 or self.stopping:
@@ -110,7 +110,7 @@ def _sleep() -> None:
 
 def _gc() -> None:
     """The garbage collector as Python sets it (nothing frozen, thresholds 700/10/10)."""
-    import agentload.runner as runner
+    import agentload.run.runner as runner
 
     runner.gc_for_run = lambda: (lambda: None)
 

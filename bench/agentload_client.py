@@ -37,9 +37,9 @@ def scenario_overrides(url: str | None, concurrency: int, rounds: int, extra: li
 
 def mean_body_bytes(concurrency: int, rounds: int, extra: list[str]) -> int:
     """The mean request body agentload will send (its conversations grow), for the baseline."""
-    from agentload.agent import agent_rng
-    from agentload.conversation import Conversation
-    from agentload.scenario import load_scenario
+    from agentload.run.agent import agent_rng
+    from agentload.run.conversation import Conversation
+    from agentload.run.scenario import load_scenario
 
     sc = load_scenario(str(SCENARIO), scenario_overrides(None, concurrency, rounds, extra))
     sizes = []
@@ -63,18 +63,18 @@ def _usage() -> float:
 
 def run(url: str, concurrency: int, rounds: int, out: Path, extra: list[str], workers: int = 1,
         live: bool = False, label: str = "agentload") -> dict:
-    from agentload.launch import use_uvloop
-    from agentload.report.rundir import load_run
-    from agentload.report.summary import build_summary
-    from agentload.runner import execute
-    from agentload.scenario import load_scenario
+    from agentload.run.runner import use_uvloop
+    from agentload.records.rundir import load_run
+    from agentload.analysis.summary import build_summary
+    from agentload.run.runner import execute
+    from agentload.run.scenario import load_scenario
 
     sc = load_scenario(str(SCENARIO), scenario_overrides(url, concurrency, rounds, extra))
     use_uvloop()
     cpu0 = _usage()
     t0 = time.perf_counter()
     if workers > 1:
-        from agentload.workers import run_workers
+        from agentload.run.workers import run_workers
 
         run_workers(sc, out, url, workers, embedded_mock=False, install_signals=False)
     else:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+# development tooling (the DevTools client for the HTML render tests) lives in tools/, not in the package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

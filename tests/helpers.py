@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from agentload.launch import run_to_dir
-from agentload.scenario import load_scenario
+from agentload.run.scenario import load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agentload.records import RECORD_VERSION, Record
-from agentload.report.rundir import RunData
+from agentload.records.rundir import RunData
 
 MS = 1_000_000
 

@@ -10,14 +10,16 @@ import orjson
 import pytest
 
 from agentload import compare as cmp
+from agentload.analysis import compare as cmp_math
+from agentload.report import compare_text
 from agentload.errors import UserError
 from agentload.mock.config import MockConfig
 from agentload.mock.process import MockProcess
 from agentload.records import Record, Trace
-from agentload.report.rundir import load_run
-from agentload.request import classify_exception, send
-from agentload.scenario import ClientConfig, TargetConfig
-from agentload.transport import Transport
+from agentload.records.rundir import load_run
+from agentload.run.request import classify_exception, send
+from agentload.run.scenario import ClientConfig, TargetConfig
+from agentload.run.transport import Transport
 
 from helpers import cli
 
@@ -28,8 +30,8 @@ def _compare(scenario: str, vary: list[str], sets: list[str], out):
     variants = cmp.plan_variants(scenario, cmp.parse_vary(vary), sets)
     res = cmp.run_variants(variants, out, **QUIET)
     assert [v.name for v in res.done] == [v.name for v in variants] and not res.interrupted
-    doc = cmp.compare_dirs([out / v.folder for v in res.done], names=[v.name for v in res.done], base=out)
-    cmp.write_outputs(doc, out)
+    doc = cmp_math.compare_dirs([out / v.folder for v in res.done], names=[v.name for v in res.done], base=out)
+    compare_text.write_outputs(doc, out)
     return doc
 
 
@@ -80,7 +82,7 @@ def test_stale_keepalive_variant_shows_stale_connection_errors_and_the_other_doe
     assert long_ka["stale_errors"] > 0
     assert short_ka["stale_errors"] == 0
     # each counted one is what the row says: a disconnect on a reused connection before any header
-    recs = [r for r in load_run(out / "keepalive_timeout=15").records if cmp.is_stale_error(r)]
+    recs = [r for r in load_run(out / "keepalive_timeout=15").records if cmp_math.is_stale_error(r)]
     assert len(recs) == long_ka["stale_errors"]
     assert all(r.reused is True and "headers" not in r.t for r in recs)
     assert {r.error for r in recs} <= {"ServerDisconnectedError", "ClientOSError", "ClientConnectionResetError",
@@ -136,17 +138,17 @@ def test_aiohttp_fails_a_post_on_a_connection_the_server_closed_while_idle():
     assert after_idle.outcome == "ok" and after_idle.reused is False  # dropped, reconnected: no error
     assert after_busy.outcome == "error" and after_busy.reused is True
     assert after_busy.error in ("ServerDisconnectedError", "ClientOSError"), after_busy
-    assert cmp.is_stale_error(after_busy) and not cmp.is_stale_error(after_idle)
+    assert cmp_math.is_stale_error(after_busy) and not cmp_math.is_stale_error(after_idle)
 
 
 def test_refuses_runs_with_different_workloads_unless_forced(starvation, stale):
     a = starvation[0] / "limit=4"
     b = stale[0] / "keepalive_timeout=15"
     with pytest.raises(UserError) as e:
-        cmp.compare_dirs([a, b])
+        cmp_math.compare_dirs([a, b])
     msg = str(e.value)
     assert "\n" not in msg and "different workloads" in msg and "--force" in msg and "agents.count" in msg
-    doc = cmp.compare_dirs([a, b], force=True)
+    doc = cmp_math.compare_dirs([a, b], force=True)
     assert doc["forced"] and doc["fingerprint"] is None and "compared anyway" in doc["notes"][0]
     # the CLI says the same in one line, exit status 2
     r = cli("compare", str(a), str(b))
@@ -160,7 +162,7 @@ def test_refuses_runs_with_different_workloads_unless_forced(starvation, stale):
 
 def test_existing_runs_compare_as_the_run_did(starvation, tmp_path):
     out, doc = starvation
-    again = cmp.compare_dirs([out / "limit=4", out / "limit=0"], names=["limit=4", "limit=0"], base=out)
+    again = cmp_math.compare_dirs([out / "limit=4", out / "limit=0"], names=["limit=4", "limit=0"], base=out)
     assert again == doc  # a pure function of the folders
     # rebuilding a comparison folder in place writes the same bytes
     before = {n: (out / n).read_bytes() for n in ("compare.json", "compare.txt", "compare.html")}
@@ -224,11 +226,11 @@ def test_bad_vary_fails_before_any_traffic(args, expect, tmp_path):
 def test_vary_values_split_outside_tables_and_best_marks():
     assert cmp.split_values('1,{dist = "uniform", min = 1, max = 2},"a,b"') == \
         ["1", '{dist = "uniform", min = 1, max = 2}', '"a,b"']
-    assert cmp.best_indices("errors", "lower", [0, 0]) == []  # all equal: nothing marked
-    assert cmp.best_indices("errors", "lower", [3, 0, 0]) == [1, 2]
-    assert cmp.best_indices("reuse_rate", "higher", [0.5, None, 0.9]) == [2]
-    assert cmp.best_indices("pool_wait_p50_ms", "lower", [0.001, 0.004, 12.0]) == [0, 1]  # same as shown: 0.00
-    assert cmp.best_indices("verdict", "healthy", ["healthy", "client_pool"]) == [0]
+    assert cmp_math.best_indices("errors", "lower", [0, 0]) == []  # all equal: nothing marked
+    assert cmp_math.best_indices("errors", "lower", [3, 0, 0]) == [1, 2]
+    assert cmp_math.best_indices("reuse_rate", "higher", [0.5, None, 0.9]) == [2]
+    assert cmp_math.best_indices("pool_wait_p50_ms", "lower", [0.001, 0.004, 12.0]) == [0, 1]  # same as shown: 0.00
+    assert cmp_math.best_indices("verdict", "healthy", ["healthy", "client_pool"]) == [0]
     variants = cmp.plan_variants("demo", cmp.parse_vary(["client.limit=20,100", "stall.after_s=1,2"]))
     assert [v.name for v in variants] == ["limit=20,after_s=1", "limit=20,after_s=2", "limit=100,after_s=1",
                                           "limit=100,after_s=2"]

@@ -8,8 +8,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentload.conversation import Conversation
-from agentload.scenario import ConversationConfig, const
+from agentload.run.conversation import Conversation
+from agentload.run.scenario import ConversationConfig, const
 from agentload.tokens import prompt_tokens, synthetic_text, text_tokens
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=50)

@@ -21,8 +21,8 @@ from agentload import redact
 from agentload.launch import run_to_dir
 from agentload.records import load_records
 from agentload.report.build import write_reports
-from agentload.report.rundir import load_run
-from agentload.scenario import load_scenario
+from agentload.records.rundir import load_run
+from agentload.run.scenario import load_scenario
 
 from fakeserver import DONE, FakeServer, chunk, sse_response
 from helpers import cli, run_scenario
@@ -184,7 +184,7 @@ def test_secrets_reach_the_server_but_no_output_even_when_the_server_echoes_them
 
 
 def test_with_workers_no_secret_is_on_a_command_line(tmp_path, monkeypatch):
-    import agentload.workers as workers
+    import agentload.run.workers as workers
 
     for k, v in SECRET_ENV.items():
         monkeypatch.setenv(k, v)

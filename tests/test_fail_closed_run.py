@@ -15,12 +15,12 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
-import agentload.agent as agent_mod
-import agentload.runner as runner
+import agentload.run.agent as agent_mod
+import agentload.run.runner as runner
 from agentload.records import load_records
 from agentload.report.build import write_reports
-from agentload.scenario import load_scenario
-from agentload.workers import merge_meta
+from agentload.run.scenario import load_scenario
+from agentload.run.workers import merge_meta
 
 from fakeserver import DONE, FakeServer, chunk, sse_response
 
@@ -327,9 +327,9 @@ def test_end_at_duration_is_not_cut_short_but_cut_requests_are(tmp_path, monkeyp
 def test_live_view_and_dump_say_agentload_crashed():
     from types import SimpleNamespace
 
-    from agentload.agent import AgentState
-    from agentload.dump import format_dump
-    from agentload.live import Rates, plain_line
+    from agentload.run.context import AgentState
+    from agentload.run.dump import format_dump
+    from agentload.run.live import Rates, plain_line
 
     ctx = SimpleNamespace(run_id="r", counts={"requests": 1, "ok": 1, "error": 0, "stalled": 0, "cut_short": 0,
                                               "output_tokens": 3},

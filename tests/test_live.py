@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from agentload.agent import AgentState
-from agentload.dump import StallWaves, format_dump
-from agentload.live import LiveLine, PlainLive, Rates, RichLive, plain_line, rich_view
+from agentload.run.context import AgentState
+from agentload.run.dump import StallWaves, format_dump
+from agentload.run.live import LiveLine, PlainLive, Rates, RichLive, plain_line, rich_view
 from agentload.records import Trace
-from agentload.report.browser import check_page_sync, find_chromium
+from devtools import check_page_sync, find_chromium
 
 
 def _ctx():

@@ -20,9 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from agentload.mock.config import MockConfig
 from agentload.mock.process import MockProcess
 from agentload.records import load_records, phase_ns
-from agentload.report.intervals import interval_table, load_intervals, window
-from agentload.runner import execute
-from agentload.scenario import load_scenario
+from agentload.analysis.intervals import interval_table, load_intervals, window
+from agentload.run.runner import execute
+from agentload.run.scenario import load_scenario
 
 from helpers import REPO, cli, run_scenario
 from smgproc import free_port, http_get

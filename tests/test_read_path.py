@@ -1,4 +1,4 @@
-"""The body read path (agentload.body_sink) and the timing-error measurement.
+"""The body read path (agentload.run.body_sink) and the timing-error measurement.
 
 - The sink path (body blocks handed to the SSE decoder from aiohttp's protocol callback) gives
   the same result as the general `readany()` loop, over real HTTP against the mock, for every
@@ -14,18 +14,17 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import aiohttp
 import aiohttp.web
 import orjson
 import pytest
 
-import agentload.request as rq
+import agentload.run.request as rq
 from agentload.mock import MockConfig, MockProcess
 from agentload.records import Record, Trace, load_records
-from agentload.transport import Transport
-from agentload.scenario import ClientConfig, TargetConfig
+from agentload.run.transport import Transport
+from agentload.run.scenario import ClientConfig, TargetConfig
 
 from fakeserver import DONE, FakeServer, chunk, sse_response
 from helpers import run_scenario

@@ -25,11 +25,10 @@ import orjson
 import pytest
 
 from agentload.report.build import write_reports
-from agentload.report.browser import check_page_sync, find_chromium
+from devtools import check_page_sync, find_chromium
 from agentload.report.html import MAX_LANES, write_html
-from agentload.report.perfetto import build_trace
-from agentload.report.rundir import load_run
-from agentload.report.summary import build_summary
+from agentload.records.rundir import load_run
+from agentload.analysis.summary import build_summary
 
 from helpers import REPO, cli, run_scenario
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from agentload.diagnose import RULES, Facts, Kind, diagnose, findings
+from agentload.analysis.verdict import RULES, Facts, Kind, diagnose, findings
 
 from helpers import REPO
 from records_factory import RunBuilder
@@ -312,7 +312,7 @@ def test_a_connect_timeout_while_queued_for_a_slot_is_the_pools():
 def test_aiohttp_connect_timeouts_are_classified_as_connect_timeout():
     import aiohttp
 
-    from agentload.request import classify_exception
+    from agentload.run.request import classify_exception
 
     assert classify_exception(aiohttp.ConnectionTimeoutError("Connection timeout to host"))[0] == "connect_timeout"
     assert classify_exception(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))[0] == "read_timeout"

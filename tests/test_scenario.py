@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentload.errors import ScenarioError
-from agentload.scenario import Dist, load_scenario, packaged_scenarios
+from agentload.run.scenario import Dist, load_scenario, packaged_scenarios
 
 from helpers import cli
 
@@ -94,7 +94,7 @@ def test_overrides_apply_and_are_recorded():
     assert d["client"]["limit"] == 7
     assert d["conversation"]["tool_latency_ms"]["dist"] == "exponential"
     # The effective scenario round-trips through its own dict.
-    from agentload.scenario import parse_scenario
+    from agentload.run.scenario import parse_scenario
 
     again = parse_scenario({k: v for k, v in d.items() if k != "source"}, sc.source)
     assert again == sc
@@ -105,7 +105,7 @@ def test_headers_env_names_variables_and_round_trips():
     assert sc.target.headers_env == {"api-key": "AZURE_KEY"}
     d = sc.to_dict()
     assert d["target"]["headers_env"] == {"api-key": "AZURE_KEY"}
-    from agentload.scenario import parse_scenario
+    from agentload.run.scenario import parse_scenario
 
     assert parse_scenario({k: v for k, v in d.items() if k != "source"}, sc.source) == sc
 

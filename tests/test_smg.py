@@ -30,7 +30,7 @@ import pytest
 from agentload.mock.config import MockConfig
 from agentload.mock.process import MockProcess
 from agentload.records import load_records
-from agentload.report.target_metrics import load_target_metrics
+from agentload.records.target_metrics import load_target_metrics
 
 from helpers import run_scenario
 from smgproc import SmgProcess, smg_executable

@@ -25,12 +25,12 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentload.health import flatness
+from agentload.run.health import flatness
 from agentload.mock.process import MockProcess
 from agentload.records import iter_record_dicts
-from agentload.report.intervals import load_intervals, window
-from agentload.report.target_metrics import load_target_metrics
-from agentload.scenario import load_scenario
+from agentload.analysis.intervals import load_intervals, window
+from agentload.records.target_metrics import load_target_metrics
+from agentload.run.scenario import load_scenario
 
 from helpers import REPO
 from smgproc import SmgProcess, free_port, http_get, smg_executable

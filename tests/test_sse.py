@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentload.sse import (
+from agentload.run.sse import (
     COMMENT,
     DATA,
     ERROR_EVENT,

@@ -1,11 +1,11 @@
-"""The one quantile rule: every percentile any report prints comes from agentload.stats."""
+"""The one quantile rule: every percentile any report prints comes from agentload.analysis.stats."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentload.stats import fmt_ms, histogram_of, percentiles_ms, quantile_ms, summarize
+from agentload.analysis.stats import fmt_ms, histogram_of, percentiles_ms, quantile_ms, summarize
 
 durations = st.lists(st.integers(min_value=1_000, max_value=3_000_000_000_000), min_size=1, max_size=200)
 

@@ -11,12 +11,12 @@ import orjson
 import pytest
 from aiohttp import web
 
-from agentload.diagnose import diagnose
+from agentload.analysis.verdict import diagnose
 from agentload.records import Record
-from agentload.report.rundir import load_run
-from agentload.report.target_metrics import chosen_series, fig_target_metrics, load_target_metrics, parse_key
-from agentload.target_evidence import target_evidence
-from agentload.target_metrics import TargetScraper, parse_exposition, series_key
+from agentload.records.rundir import load_run
+from agentload.records.target_metrics import chosen_series, fig_target_metrics, load_target_metrics, parse_key
+from agentload.analysis.target_evidence import target_evidence
+from agentload.run.scraper import TargetScraper, parse_exposition, series_key
 
 PAGES = [
     '# TYPE up gauge\nup 1\n# TYPE smg_worker_requests_active gauge\n'
@@ -173,7 +173,7 @@ def test_no_target_metrics_no_evidence_no_figure(tmp_path):
 
 
 def test_html_report_charts_the_target_metrics_and_renders_in_chromium(tmp_path):
-    from agentload.report.browser import check_page_sync, find_chromium
+    from devtools import check_page_sync, find_chromium
     from agentload.report.build import write_reports
 
     run_dir = _run_dir(tmp_path, {"http://w1": 0.0, "http://w2": 3.0}, 3.0)

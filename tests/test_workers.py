@@ -21,9 +21,9 @@ import pytest
 from agentload.mock.config import MockConfig
 from agentload.mock.process import MockProcess
 from agentload.records import load_records
-from agentload.report.rundir import load_run, merge_worker_samples, worker_files
-from agentload.stats import PhaseStats, by_round, summarize
-from agentload.workers import merge_meta, split
+from agentload.records.rundir import load_run, merge_worker_samples, worker_files
+from agentload.analysis.stats import PhaseStats, by_round, summarize
+from agentload.run.workers import merge_meta, split
 
 from helpers import REPO, run_scenario
 
@@ -47,7 +47,7 @@ def _sets(mock, extra=()):
 def two(mock, tmp_path_factory):
     out = tmp_path_factory.mktemp("workers") / "run"
     from agentload.launch import run_to_dir
-    from agentload.scenario import load_scenario
+    from agentload.run.scenario import load_scenario
 
     launched = run_to_dir(load_scenario("demo", _sets(mock)), out, live=False, install_signals=False,
                           log=lambda m: None, workers=2)

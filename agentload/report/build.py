@@ -12,8 +12,8 @@ import orjson
 
 from agentload.errors import UserError
 from agentload.redact import redact, redact_bytes
-from agentload.report.rundir import load_run
-from agentload.report.summary import build_summary
+from agentload.records.rundir import load_run
+from agentload.analysis.summary import build_summary
 from agentload.report.text import render
 
 

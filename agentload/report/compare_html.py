@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from agentload.compare import PHASE_ROWS, fmt_value
+from agentload.analysis.compare import PHASE_ROWS, fmt_value
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
 TEMPLATE = "plotly_white"

@@ -24,8 +24,8 @@ from plotly.subplots import make_subplots
 from agentload.redact import redact
 from agentload.report.text import fmt_ms
 from agentload.records import REPORT_PHASES, Record, phase_ns
-from agentload.report.rundir import RunData
-from agentload.report.target_metrics import fig_target_metrics
+from agentload.records.rundir import RunData
+from agentload.records.target_metrics import fig_target_metrics
 from agentload.report.timeline import (GAP_KINDS, REQUEST_PHASES, Lane, build_lanes, end_phase, pick_lanes,
                                        request_segments, run_end_ns, thin_for_drawing)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from agentload.report.rundir import RunData, load_run
+from agentload.records.rundir import RunData, load_run
 from agentload.report.timeline import build_lanes, request_segments, run_end_ns
 
 AGENTS_PID = 1

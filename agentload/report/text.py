@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentload.records import REPORT_PHASES
-from agentload.stats import fmt_ms
+from agentload.analysis.stats import fmt_ms
 
 _PHASE_COLS = REPORT_PHASES
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Iterable
 from agentload.records import Record, phase_at
 
 if TYPE_CHECKING:
-    from agentload.report.rundir import RunData
+    from agentload.records.rundir import RunData
 
 # The order a request passes them, then what happens between requests.
 REQUEST_PHASES = ("pool_wait", "connect", "send", "ttfb", "ttft", "stream")

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 from agentload.records import PHASES
 
 if TYPE_CHECKING:
-    from agentload.runner import RunContext, Sampler
+    from agentload.run.context import RunContext
+    from agentload.run.sampler import Sampler
 
 _ACTIVE = ("waiting", "request", "tool")
 

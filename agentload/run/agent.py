@@ -15,31 +15,19 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from agentload.conversation import Conversation
+from agentload.run.context import AgentState
+from agentload.run.conversation import Conversation
 from agentload.records import Record, Trace
-from agentload.request import Result, classify_exception, send
+from agentload.run.request import Result, classify_exception, send
 
 if TYPE_CHECKING:
-    from agentload.runner import RunContext
+    from agentload.run.context import RunContext
 
 _now = time.perf_counter_ns
 
 RETRY_AFTER_CAP_S = 5.0
-
-
-@dataclass
-class AgentState:
-    """What the live view and the agent dump show for one agent."""
-
-    agent: int
-    round: int = 0
-    state: str = "waiting"  # waiting | request | tool | done | stalled | error | cut_short | crashed
-    since: int = field(default_factory=_now)
-    trace: Trace | None = None
-    rounds_completed: int = 0
 
 
 def agent_rng(seed: int, agent: int) -> random.Random:

@@ -17,7 +17,7 @@ from agentload import __version__
 from agentload.errors import UserError
 from agentload.records import Trace
 from agentload.redact import env_secrets, register_target
-from agentload.scenario import ClientConfig, TargetConfig
+from agentload.run.scenario import ClientConfig, TargetConfig
 
 _now = time.perf_counter_ns
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentload.diagnose import agent_outcomes, diagnose
-from agentload.report.rundir import RunData
-from agentload.stats import by_round, histogram_of, percentiles_ms
-from agentload.target_evidence import scrape_summary
+from agentload.analysis.verdict import agent_outcomes, diagnose
+from agentload.records.rundir import RunData
+from agentload.analysis.stats import by_round, histogram_of, percentiles_ms
+from agentload.analysis.target_evidence import scrape_summary
 
 MIN_SAMPLES_PER_ROUND = 10
 LOOP_LAG_WARN_MS = 50.0

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 if TYPE_CHECKING:
-    from agentload.report.rundir import RunData
+    from agentload.records.rundir import RunData
 
 FILE = "target_metrics.jsonl"
 
@@ -44,7 +44,7 @@ ALWAYS = ("smg_worker_requests_active", "smg_admission_inflight", "vllm:num_requ
 
 
 def parse_key(key: str) -> tuple[str, dict[str, str]]:
-    """Inverse of agentload.target_metrics.series_key: `name{a="x"}` -> ("name", {"a": "x"})."""
+    """Inverse of agentload.run.scraper.series_key: `name{a="x"}` -> ("name", {"a": "x"})."""
     brace = key.find("{")
     if brace < 0:
         return key, {}

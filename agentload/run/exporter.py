@@ -35,7 +35,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from agentload.errors import UserError
 
 if TYPE_CHECKING:
-    from agentload.runner import RunContext
+    from agentload.run.context import RunContext
 
 _ACTIVE = ("waiting", "request", "tool")
 

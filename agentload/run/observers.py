@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from agentload.exporter import Exporter
-from agentload.intervals import IntervalLog
-from agentload.target_metrics import TargetScraper
+from agentload.run.exporter import Exporter
+from agentload.records.interval_log import IntervalLog
+from agentload.run.scraper import TargetScraper
 
 if TYPE_CHECKING:
-    from agentload.runner import RunContext, Sampler
+    from agentload.run.context import RunContext
+    from agentload.run.sampler import Sampler
 
 
 @dataclass

@@ -13,11 +13,8 @@ from typing import Iterable
 from hdrh.histogram import HdrHistogram
 
 from agentload.records import REPORT_PHASES, Record, phase_ns
+from agentload.records.histograms import new_histogram, record_ns
 
-# 1 us .. 1 hour at 3 significant digits: enough for any phase of any request.
-HIST_MIN_US = 1
-HIST_MAX_US = 3_600_000_000
-HIST_DIGITS = 3
 PERCENTILES = (50, 90, 99)
 
 
@@ -33,14 +30,6 @@ def fmt_ms(v: float | None, sep: str = "") -> str:
     if v >= 1:
         return f"{v:.1f}"
     return f"{v:.2f}"
-
-
-def new_histogram() -> HdrHistogram:
-    return HdrHistogram(HIST_MIN_US, HIST_MAX_US, HIST_DIGITS)
-
-
-def record_ns(h: HdrHistogram, ns: int) -> None:
-    h.record_value(min(max(ns // 1000, HIST_MIN_US), HIST_MAX_US))
 
 
 def histogram_of(values_ns: Iterable[int | None]) -> HdrHistogram:

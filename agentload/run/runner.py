@@ -25,7 +25,6 @@ interrupted or agentload stopped it, never for a normal end at `duration_s`.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import gc
 import itertools
@@ -36,125 +35,33 @@ import secrets
 import signal
 import sys
 import time
-import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import aiohttp
 import orjson
 
-from agentload import __version__, dump, redact
-from agentload.agent import AgentState, attempt, run_agent
-from agentload.conversation import Conversation, tool_schemas
-from agentload.health import ProcessHealth
-from agentload.observers import start_observers
-from agentload.records import Record, RecordWriter, Trace
-from agentload.scenario import Scenario, const
+from agentload import __version__
+
+from agentload.run import dump
+from agentload.run.agent import attempt, run_agent
+from agentload.run.context import RunContext
+from agentload.run.sampler import Sampler
+from agentload.run.conversation import Conversation, tool_schemas
+from agentload.run.observers import start_observers
+from agentload.records import RecordWriter, Trace
+from agentload.run.scenario import Scenario, const
 
 if TYPE_CHECKING:
-    from agentload.workers import WorkerSpec
+    from agentload.run.context import WorkerSpec
 
 _now = time.perf_counter_ns
 
 SHUTDOWN_GRACE_S = 3.0
-SAMPLE_EVERY_S = 1.0
-LOOP_LAG_PROBE_S = 0.1
 ARRIVAL_SLICE = 64  # agents started per event-loop step at most; each first step costs ~0.3 ms (64: ~20 ms)
 BACKGROUND_RESTARTS = 3  # a crashed background task is restarted this often, then left dead (the watchdog: the run stops)
 RESTART_PAUSE_S = 0.1
-MAX_CRASH_ENTRIES = 50  # crash entries kept in run.json (all counted in crash_count)
-
-
-def crash_entry(where: str, exc: BaseException, agent: int | None = None, round: int | None = None,
-                **extra: Any) -> dict[str, Any]:
-    """One entry of run.json's `crashes`."""
-    tb = "".join(traceback.format_exception(exc)).rstrip().splitlines()
-    msg = redact.redact(str(exc).replace("\r", " ").replace("\n", " ").strip()) or type(exc).__name__
-    return {"where": where, "agent": agent, "round": round, "error": type(exc).__name__,
-            "message": msg[:300], "traceback": redact.redact("\n".join(tb[-8:])), **extra}
-
-
-@dataclass
-class RunContext:
-    scenario: Scenario
-    run_id: str
-    url: str
-    transport: Any
-    writer: RecordWriter
-    tools: list[dict[str, Any]]
-    inflight: dict[str, Trace] = field(default_factory=dict)
-    agent_states: dict[int, AgentState] = field(default_factory=dict)
-    # open loop: ended conversations leave agent_states (memory stays flat) and are counted here by state
-    finished: dict[str, int] = field(default_factory=dict)
-    stopping: bool = False
-    stop_reason: str | None = None
-    stop_event: asyncio.Event = field(default_factory=asyncio.Event)
-    listeners: list[Callable[[Record], None]] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=lambda: {"requests": 0, "ok": 0, "error": 0, "stalled": 0,
-                                                             "cut_short": 0, "output_tokens": 0})
-    # --workers: this process runs the agents i with i % shard[1] == shard[0] (ids stay global)
-    shard: tuple[int, int] = (0, 1)
-    arrivals_t0: int | None = None  # a start time shared by all workers (perf_counter_ns), else now
-    agents_idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while no agent task is live
-    sleepers: set[asyncio.Future] = field(default_factory=set)  # agents in ctx.sleep(), woken by stop()
-    stopped_by: str | None = None  # finished | duration | interrupted | crashed: what called stop() first
-    crashes: list[dict[str, Any]] = field(default_factory=list)  # the first MAX_CRASH_ENTRIES
-    crash_count: int = 0
-    on_crash: Callable[[], None] | None = None  # rewrites run.json (set by execute)
-
-    def record_crash(self, where: str, exc: BaseException, *, agent: int | None = None,
-                     round: int | None = None, **extra: Any) -> None:
-        """agentload itself failed (an agent, a background task, the run loop): say so on stderr and
-        in run.json at once. Never raises: the run goes on with whatever still works."""
-        self.crash_count += 1
-        try:
-            if len(self.crashes) >= MAX_CRASH_ENTRIES:
-                return
-            entry = crash_entry(where, exc, agent, round, **extra)
-            self.crashes.append(entry)
-            who = f"{where}" + (f" (agent {agent}, round {round})" if agent is not None else "")
-            print(f"agentload: crash in {who}: {entry['error']}: {entry['message']}", file=sys.stderr, flush=True)
-            if self.on_crash is not None:
-                self.on_crash()
-        except Exception as e:  # e.g. run.json not writable: the crash is still counted
-            print(f"agentload: could not record a crash in {where}: {e!r}", file=sys.stderr, flush=True)
-
-    def emit(self, rec: Record) -> None:
-        self.writer.write(rec)
-        if rec.kind == "agent":
-            c = self.counts
-            c["requests"] += 1
-            c[rec.outcome] += 1
-            c["output_tokens"] += rec.output_tokens or rec.token_chunks
-        for fn in self.listeners:
-            fn(rec)
-
-    async def sleep(self, seconds: float) -> None:
-        """A sleep that ends early when the run stops.
-
-        One future and one timer per sleeping agent (no task, no waiter): 10,000 agents in their
-        tool time are 10,000 small objects for the event loop and the garbage collector."""
-        if seconds <= 0 or self.stopping:
-            return
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        handle = loop.call_later(seconds, _wake, fut, context=_NO_CONTEXT)
-        self.sleepers.add(fut)
-        try:
-            await fut
-        finally:
-            handle.cancel()
-            self.sleepers.discard(fut)
-
-    def stop(self, reason: str, by: str = "finished") -> None:
-        if not self.stopping:
-            self.stopping = True
-            self.stop_reason = reason
-            self.stopped_by = by
-            self.stop_event.set()
-            for fut in list(self.sleepers):
-                _wake(fut)
 
 
 # The collector's full passes walk every live object and stop the event loop meanwhile (about
@@ -163,6 +70,15 @@ class RunContext:
 # (freed by refcounting anyway) are rarely promoted and full passes are rare. Measured with 10,000
 # agents: the longest pause went from ~400 ms (4-9 full passes) to ~40 ms (none).
 GC_THRESHOLD = (5000, 10, 100)
+
+
+def use_uvloop() -> None:
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:  # optional: the default loop works, a little slower
+        pass
 
 
 def gc_for_run() -> Callable[[], None]:
@@ -175,14 +91,6 @@ def gc_for_run() -> Callable[[], None]:
         gc.unfreeze()
 
     return restore
-
-
-_NO_CONTEXT = contextvars.Context()  # _wake reads no context variable: no copy per sleeping agent
-
-
-def _wake(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 @dataclass
@@ -229,56 +137,6 @@ def run_metadata(sc: Scenario, run_id: str, endpoint: str, embedded_mock: bool) 
         "cut_short": False,
         "crashes": [],
     }
-
-
-class Sampler:
-    """Pool state, in-flight counts and event-loop lag over time -> samples.jsonl."""
-
-    def __init__(self, ctx: RunContext, path: Path):
-        self.ctx = ctx
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self.max_lag_ms = 0.0
-        self.lag_ms = 0.0
-        self.health = ProcessHealth()
-
-    async def probe_lag(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            t = loop.time()
-            await asyncio.sleep(LOOP_LAG_PROBE_S)
-            lag = (loop.time() - t - LOOP_LAG_PROBE_S) * 1000.0
-            self.lag_ms = max(self.lag_ms, lag)
-
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(SAMPLE_EVERY_S)
-            self.sample()
-
-    def sample(self) -> None:
-        ctx = self.ctx
-        phases: dict[str, int] = {}
-        stalled = 0
-        # "round/phase" -> count: lets a report of a killed run still say where agents were stuck,
-        # though the stalled requests themselves never got a record.
-        stalled_by: dict[str, int] = {}
-        for tr in list(ctx.inflight.values()):
-            if tr.kind != "agent":
-                continue
-            p = tr.phase()
-            phases[p] = phases.get(p, 0) + 1
-            if tr.stalled_phase is not None:
-                stalled += 1
-                key = f"{tr.round}/{tr.stalled_phase}"
-                stalled_by[key] = stalled_by.get(key, 0) + 1
-        s = {"t": _now(), "pool": ctx.transport.pool_state(), "inflight": phases, "stalled": stalled,
-             "stalled_by": stalled_by,
-             "loop_lag_ms": round(self.lag_ms, 3), "counts": dict(ctx.counts), "proc": self.health.sample()}
-        self.max_lag_ms = max(self.max_lag_ms, self.lag_ms)
-        self.lag_ms = 0.0
-        os.write(self.fd, orjson.dumps(s, option=orjson.OPT_APPEND_NEWLINE))
-
-    def close(self) -> None:
-        os.close(self.fd)
 
 
 async def watchdog(ctx: RunContext) -> None:
@@ -443,11 +301,11 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
     (and target_metrics.jsonl with [target] metrics_urls, intervals.hlog always); with
     metrics_port, agentload's live state is served in Prometheus format on 127.0.0.1.
 
-    With `worker` (one process of `--workers N`, see agentload.workers): the run id and clock
+    With `worker` (one process of `--workers N`, see agentload.run.workers): the run id and clock
     anchor are the parent's, the files are run-wI.json, records-wI.jsonl, samples-wI.jsonl,
     only this worker's share of the agents runs, canaries only in worker 0, and the agents
     start when `worker.gate()` returns (all workers at once)."""
-    from agentload.transport import Transport
+    from agentload.run.transport import Transport
 
     out_dir.mkdir(parents=True, exist_ok=True)
     run_id = worker.run_id if worker is not None else secrets.token_hex(4)

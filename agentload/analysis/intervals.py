@@ -1,4 +1,4 @@
-"""Reads RUN_DIR/intervals.hlog (written by agentload.intervals) back: pure, no side effects.
+"""Reads RUN_DIR/intervals.hlog (written by agentload.records.interval_log) back: pure, no side effects.
 
     ivs = load_intervals(run_dir)                  # [Interval(tag, start_s, length_s, hist), ...]
     h = window(ivs, "e2e", 600, 1200)              # merged HdrHistogram of minutes 10-20
@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from hdrh.histogram import HdrHistogram
 
-from agentload.stats import new_histogram
+from agentload.records.histograms import new_histogram
 
 FILE = "intervals.hlog"
 
@@ -30,7 +30,7 @@ class Interval:
 
 def load_intervals(run_dir: Path) -> list[Interval]:
     """The run's intervals; with --workers N, each worker's intervals-wI.hlog, added up per interval."""
-    from agentload.report.rundir import worker_files
+    from agentload.records.rundir import worker_files
 
     files = worker_files(Path(run_dir), "intervals", ".hlog")
     if len(files) <= 1:

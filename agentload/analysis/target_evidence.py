@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentload.records import Record
-from agentload.report.target_metrics import TargetMetrics, load_target_metrics
+from agentload.records.target_metrics import TargetMetrics, load_target_metrics
 
 if TYPE_CHECKING:
-    from agentload.report.rundir import RunData
+    from agentload.records.rundir import RunData
 
 # name -> (who, what it counts); the first group is per worker (label `worker`)
 ROUTER_PER_WORKER = "smg_worker_requests_active"

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 import aiohttp
 
 from agentload import redact
-from agentload.body_sink import read_body
-from agentload.chat_stream import TOKEN, ChatStream
+from agentload.run.body_sink import read_body
+from agentload.run.chat_stream import TOKEN, ChatStream
 from agentload.records import Trace
-from agentload.sse import COMMENT, DATA, SSEDecoder
+from agentload.run.sse import COMMENT, DATA, SSEDecoder
 
 _now = time.perf_counter_ns
 _ERROR_BODY_LIMIT = 300

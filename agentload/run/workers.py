@@ -1,6 +1,6 @@
 """`agentload run --workers N`: the agents of one run in N processes, one report.
 
-Each worker is a process of its own (`python -m agentload.workers`), with its own event loop
+Each worker is a process of its own (`python -m agentload.run.workers`), with its own event loop
 and its own client pool: the `[client]` pool settings (limit, limit_per_host, ...) apply per
 process, so N workers may hold N x limit connections, and the report says so. Agents are split
 deterministically: worker w runs the agents i with i % N == w (ids stay those of a single-process
@@ -33,29 +33,17 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 import orjson
 
 from agentload.errors import UserError
+from agentload.run.context import WorkerSpec
 
 READY = "AGENTLOAD_WORKER_READY"
 _PKG_PARENT = str(Path(__file__).resolve().parents[1])
 READY_TIMEOUT_S = 60.0
-
-
-@dataclass
-class WorkerSpec:
-    """What `runner.execute` needs to know when it runs as one worker of N."""
-
-    index: int
-    count: int
-    run_id: str
-    t0_ns: int
-    t0_unix: float
-    gate: Callable[[], Awaitable[int]] | None = None  # returns the common start (perf_counter_ns)
 
 
 def split(agents: int, workers: int) -> list[list[int]]:
@@ -67,7 +55,7 @@ def split(agents: int, workers: int) -> list[list[int]]:
 
 
 def _worker_cmd(spec: dict[str, Any]) -> list[str]:
-    return [sys.executable, "-m", "agentload.workers", "--spec-json", orjson.dumps(spec).decode()]
+    return [sys.executable, "-m", "agentload.run.workers", "--spec-json", orjson.dumps(spec).decode()]
 
 
 def _wait_ready(procs: list[subprocess.Popen], timeout_s: float) -> None:
@@ -202,7 +190,7 @@ def run_workers(sc: Any, run_dir: Path, base_url: str, n: int, *, embedded_mock:
                 install_signals: bool = True, live: bool = False,
                 log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> Any:
     """Run the scenario in `n` worker processes into run_dir; returns a runner.RunOutcome."""
-    from agentload.runner import RunOutcome, _write_json, run_metadata
+    from agentload.run.runner import RunOutcome, _write_json, run_metadata
 
     if n < 1:
         raise UserError(f"--workers: expected a whole number >= 1, got {n}")
@@ -289,8 +277,8 @@ def run_workers(sc: Any, run_dir: Path, base_url: str, n: int, *, embedded_mock:
 
 
 async def _worker(spec: dict[str, Any]) -> int:
-    from agentload.runner import execute
-    from agentload.scenario import parse_scenario
+    from agentload.run.runner import execute
+    from agentload.run.scenario import parse_scenario
 
     sc = parse_scenario(spec["scenario"], spec["source"])
     loop = asyncio.get_running_loop()
@@ -326,11 +314,11 @@ async def _worker(spec: dict[str, Any]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agentload.workers", description="one worker of agentload run --workers N")
+    ap = argparse.ArgumentParser(prog="python -m agentload.run.workers", description="one worker of agentload run --workers N")
     ap.add_argument("--spec-json", required=True)
     a = ap.parse_args(argv)
     spec = orjson.loads(a.spec_json)
-    from agentload.launch import use_uvloop
+    from agentload.run.runner import use_uvloop
 
     use_uvloop()
     return asyncio.run(_worker(spec))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from agentload.records import Trace
-    from agentload.runner import RunContext
+    from agentload.run.context import RunContext
 
 _now = time.perf_counter_ns
 

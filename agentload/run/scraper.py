@@ -14,7 +14,7 @@ so the two line up on one time axis (`run.json` `t0_ns` is the common origin):
 
 To keep hours of scrapes small, a line holds every series only when `full` is true (the first
 scrape of a URL and every FULL_EVERY-th after); the others hold the series whose value changed
-(`v`) and the ones that disappeared (`gone`). `agentload.report.target_metrics.load_target_metrics`
+(`v`) and the ones that disappeared (`gone`). `agentload.records.target_metrics.load_target_metrics`
 reads it back into series. Memory is bounded by the number of series, not the run's length.
 """
 

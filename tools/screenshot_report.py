@@ -1,7 +1,7 @@
 """Screenshot of a run's report.html in headless Chromium (the picture in README).
 
-    python -m agentload.report.screenshot                    # runs scenarios/long-context-hang.toml
-    python -m agentload.report.screenshot --run-dir RUN_DIR  # an existing run folder instead
+    python tools/screenshot_report.py                    # runs scenarios/long-context-hang.toml
+    python tools/screenshot_report.py --run-dir RUN_DIR  # an existing run folder instead
     tools/screenshot_report.sh                               # the same, from the repo root
 
 Runs the scenario against the embedded mock, rebuilds the report, loads it in Chromium, checks
@@ -21,7 +21,7 @@ DEFAULT_OUT = "docs/report-long-context-hang.png"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agentload.report.screenshot", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="tools/screenshot_report.py", description=__doc__.split("\n")[0])
     ap.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"scenario to run (default {DEFAULT_SCENARIO})")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="override, as for `agentload run`")
     ap.add_argument("--run-dir", type=Path, help="use this run folder instead of running the scenario")
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from agentload.errors import UserError
-    from agentload.report.browser import check_page_sync, find_chromium
+    from devtools import check_page_sync, find_chromium
     from agentload.report.build import write_reports
 
     chromium = find_chromium()
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if run_dir is None:
                 from agentload.launch import run_to_dir
-                from agentload.scenario import load_scenario
+                from agentload.run.scenario import load_scenario
 
                 run_dir = Path(tmp) / Path(args.scenario).stem
                 run_to_dir(load_scenario(args.scenario, args.sets), run_dir, live=False)

@@ -5,7 +5,7 @@ measured from the request's intended start in an open-loop run, else from its se
 `every_s` seconds they are written as one tagged interval each with hdrh's HistogramLogWriter
 and reset. Memory does not grow with the run's length, and a report can rebuild the
 percentiles of any window by adding the intervals it covers
-(`agentload.report.intervals.load_intervals` / `window`). The file is in HdrHistogram's
+(`agentload.analysis.intervals.load_intervals` / `window`). The file is in HdrHistogram's
 standard log format (v1.2, `Tag=` lines), readable by HistogramLogAnalyzer and hdrh's reader.
 Interval start times are seconds since the run's `t0_ns`.
 """
@@ -19,16 +19,12 @@ from pathlib import Path
 from hdrh.log import HistogramLogWriter
 
 from agentload.records import Record
-from agentload.stats import HIST_MAX_US, HIST_MIN_US, new_histogram
+from agentload.records.histograms import clamp_us, new_histogram
 
 _now = time.perf_counter_ns
 
 TAGS = ("e2e", "ttft")
 INTERVAL_S = 5.0
-
-
-def _clamp_us(ns: int) -> int:
-    return min(max(ns // 1000, HIST_MIN_US), HIST_MAX_US)
 
 
 class IntervalLog:
@@ -58,10 +54,10 @@ class IntervalLog:
             return
         end = t.get("end")
         if end is not None:
-            self.hists["e2e"].record_value(_clamp_us(end - origin))
+            self.hists["e2e"].record_value(clamp_us(end - origin))
         ft = t.get("first_token")
         if ft is not None:
-            self.hists["ttft"].record_value(_clamp_us(ft - origin))
+            self.hists["ttft"].record_value(clamp_us(ft - origin))
 
     def flush(self, now_ns: int | None = None) -> None:
         now = now_ns if now_ns is not None else _now()

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlparse
 
 from agentload.records import Record, phase_ns
-from agentload.stats import fmt_ms as _ms, quantile_ms
-from agentload.target_evidence import target_evidence
+from agentload.analysis.stats import fmt_ms as _ms, quantile_ms
+from agentload.analysis.target_evidence import target_evidence
 
 if TYPE_CHECKING:
-    from agentload.report.rundir import RunData
+    from agentload.records.rundir import RunData
 
 
 class Kind(str, Enum):
@@ -55,7 +55,7 @@ POOL_WAITED_SHARE = 0.05  # ... and at least this share of requests waited for a
 DISCONNECT_ERRORS = {"ServerDisconnectedError", "ClientOSError", "ClientPayloadError",
                      "ClientConnectionResetError", "incomplete_stream", "ConnectionResetError"}
 CONNECT_ERRORS = {"connect_timeout", "ClientConnectorError", "ClientConnectorDNSError", "ConnectionRefusedError"}
-# answers that came back but were not what the protocol says (see agentload.request)
+# answers that came back but were not what the protocol says (see agentload.run.request)
 PROTOCOL_ERRORS = {"not_a_stream", "bad_response", "malformed_stream", "empty_stream"}
 
 

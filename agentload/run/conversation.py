@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from agentload.scenario import ConversationConfig
+from agentload.run.scenario import ConversationConfig
 from agentload.tokens import message_tokens, synthetic_text, text_tokens
 
 

@@ -1,0 +1,342 @@
+"""The math of `agentload compare`: a pure function over run folders.
+
+`compare_dirs` rebuilds every number from each run's records.jsonl and run.json, refuses runs
+whose workload fingerprints differ unless forced, and marks the best value per row. Rendering is
+in agentload.report.compare_text and compare_html; running the variants in agentload.compare.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from agentload.analysis.stats import fmt_ms, histogram_of, percentiles_ms
+from agentload.analysis.summary import build_summary
+from agentload.analysis.verdict import DISCONNECT_ERRORS
+from agentload.errors import UserError
+from agentload.records import Record, phase_ns
+from agentload.records.rundir import RunData, load_run
+
+
+LEGEND_BEST = "* best value in its row (nothing is marked when every run has the same value)"
+
+
+LEGEND_PHASES = ("phases: p50 / p99 in ms over every agent request (e2e: completed requests only); "
+                 "pool_wait 0.00 = a slot was free at once")
+
+
+LEGEND_STALE = ("stale-conn errors: a disconnect-class error (ServerDisconnectedError, ClientOSError, ...) on a "
+                "reused keep-alive connection before response headers; aiohttp does not retry these POSTs")
+
+
+LEGEND_REUSE = ("keep-alive reuse: requests sent on a reused connection / requests that got a connection; "
+                "connections opened: new connections the agents' pool(s) made (fewer is better)")
+
+
+LEGEND_FORCE_CLOSE = ("force_close=true: HTTP/1.1 with a fresh connection per request (no keep-alive reuse, "
+                      "every request pays connect)")
+
+
+COMPARE_VERSION = 1
+
+
+PHASE_ROWS = ("pool_wait", "connect", "ttfb", "ttft", "e2e")
+
+
+FINGERPRINT_SECTIONS = ("agents", "conversation", "mock")
+
+
+SETTING_SECTIONS = ("client", "stall")
+
+
+def is_stale_error(r: Record) -> bool:
+    """A request that failed with a disconnect-class error on a reused keep-alive connection
+    before any response header: the server closed the connection while the client held it idle."""
+    return r.outcome == "error" and r.reused is True and r.error in DISCONNECT_ERRORS and "headers" not in r.t
+
+
+def _phase(summary: dict[str, Any], phase: str, q: str) -> float | None:
+    ph = (summary.get("phases") or {}).get(phase)
+    return None if not ph else ph.get(f"{q}_ms")
+
+
+def run_metrics(data: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The compare rows of one run (every number from its records) and its summary (verdict)."""
+    summary = build_summary(data)
+    recs = [r for r in data.records if r.kind == "agent"]
+    agents_cfg = (data.meta.get("scenario") or {}).get("agents") or {}
+    got_conn = [r for r in recs if r.reused is not None]
+    reused = sum(1 for r in got_conn if r.reused)
+    stale = [r for r in recs if is_stale_error(r)]
+    m: dict[str, Any] = {
+        "verdict": summary["verdict"].get("kind"),
+        "rounds_completed": summary["totals"].get("rounds_completed", 0),
+        "rounds_planned": int(agents_cfg.get("count", 0)) * int(agents_cfg.get("rounds", 0)),
+        "requests": len(recs),
+        "completed": sum(1 for r in recs if r.outcome == "ok"),
+        "stalls": sum(1 for r in recs if r.stalled_phase),
+        "errors": sum(1 for r in recs if r.outcome == "error"),
+        "stale_errors": len(stale),
+        "connections_opened": sum(1 for r in recs if "conn_end" in r.t),
+        "reuse_rate": round(reused / len(got_conn), 4) if got_conn else None,
+        "duration_s": summary["run"].get("duration_s"),
+    }
+    for p in PHASE_ROWS:
+        m[f"{p}_p50_ms"] = _phase(summary, p, "p50")
+        m[f"{p}_p99_ms"] = _phase(summary, p, "p99")
+    m["error_classes"] = dict(Counter(r.error for r in recs if r.outcome == "error").most_common())
+    return m, summary
+
+
+def quantiles_ms(values_ns: list[int], points: int = 101) -> list[float]:
+    """`points` evenly spaced quantiles (0..100 %) of a list of durations, in ms (for the CDF plot),
+    by the same quantile rule as every table (agentload.analysis.stats)."""
+    ps = [100.0 * i / (points - 1) for i in range(points)]
+    got = percentiles_ms(histogram_of(values_ns), ps)
+    return [] if got is None else [got[p] for p in ps]
+
+
+def distributions(data: RunData) -> dict[str, list[float]]:
+    recs = [r for r in data.records if r.kind == "agent"]
+    out = {}
+    for p in ("pool_wait", "ttfb", "e2e"):
+        vals = [v for r in recs if (p != "e2e" or r.outcome == "ok") and (v := phase_ns(r.t, p, r.reused)) is not None]
+        out[p] = quantiles_ms(vals)
+    return out
+
+
+# Rows of the table: (key(s), label, better). Phase rows hold two numbers (p50, p99).
+ROWS: list[tuple[tuple[str, ...], str, str | None]] = [
+    (("verdict",), "verdict", "healthy"),
+    (("rounds_completed",), "completed rounds", "higher"),
+    (("stalls",), "stalls", "lower"),
+    (("errors",), "errors", "lower"),
+    (("stale_errors",), "stale-conn errors", "lower"),
+    *[((f"{p}_p50_ms", f"{p}_p99_ms"), f"{p} p50 / p99 ms", "lower") for p in PHASE_ROWS],
+    (("connections_opened",), "connections opened", "lower"),
+    (("reuse_rate",), "keep-alive reuse", "higher"),
+    (("duration_s",), "duration s", "lower"),
+]
+
+
+def fmt_value(key: str, v: Any, metrics: dict[str, Any] | None = None) -> str:
+    if v is None:
+        return "-"
+    if key.endswith("_ms"):
+        return fmt_ms(v)
+    if key == "reuse_rate":
+        return f"{v * 100:.0f}%"
+    if key == "duration_s":
+        return f"{v:.1f}"
+    if key == "rounds_completed" and metrics and metrics.get("rounds_planned"):
+        return f"{v}/{metrics['rounds_planned']}"
+    return str(v)
+
+
+def _rank_key(key: str, v: Any) -> Any:
+    """Values are compared as shown: 0.013 and 0.014 ms are the same 0.0."""
+    if v is None:
+        return None
+    if key.endswith("_ms"):
+        s = fmt_ms(v)
+        return float(s[:-1]) * 1000 if s.endswith("s") else float(s)
+    if key == "reuse_rate":
+        return round(v * 100)
+    if key == "duration_s":
+        return round(v, 1)
+    return v
+
+
+def best_indices(key: str, better: str | None, values: list[Any]) -> list[int]:
+    if better is None or len(values) < 2:
+        return []
+    if better == "healthy":
+        good = [i for i, v in enumerate(values) if v == "healthy"]
+        return good if 0 < len(good) < len(values) else []
+    ranked = [(i, _rank_key(key, v)) for i, v in enumerate(values)]
+    ranked = [(i, k) for i, k in ranked if k is not None]
+    if not ranked:
+        return []
+    keys = {k for _, k in ranked}
+    if len(keys) == 1 and len(ranked) == len(values):
+        return []  # every run has the same value: nothing to prefer
+    target = min(keys) if better == "lower" else max(keys)
+    return [i for i, k in ranked if k == target]
+
+
+def expand_targets(paths: list[Path]) -> tuple[list[Path], list[str] | None, Path | None]:
+    """Run folders from the arguments. A comparison folder (one written by `compare`, holding
+    compare.json or run subfolders) stands for its runs, in the order it recorded."""
+    if len(paths) == 1 and not (paths[0] / "run.json").exists():
+        base = paths[0]
+        cj = base / "compare.json"
+        if cj.exists():
+            try:
+                doc = orjson.loads(cj.read_bytes())
+                runs = [base / v["dir"] for v in doc.get("variants", [])]
+                names = [v["name"] for v in doc.get("variants", [])]
+            except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+                raise UserError(f"{cj}: not a compare.json written by agentload ({e})")
+            if runs and all((r / "run.json").exists() for r in runs):
+                return runs, names, base
+        subs = sorted((d for d in base.iterdir() if (d / "run.json").exists()), key=_started) if base.is_dir() else []
+        if subs:
+            return subs, [d.name for d in subs], base
+        raise UserError(f"{base}: not a run folder (no run.json) nor a comparison folder (no run subfolders)")
+    for p in paths:
+        if not (p / "run.json").exists():
+            raise UserError(f"{p}: not a run folder (expected run.json and records.jsonl written by `agentload run`)")
+    return list(paths), None, None
+
+
+def _started(d: Path) -> tuple[float, str]:
+    try:
+        return float(orjson.loads((d / "run.json").read_bytes()).get("t0_unix") or 0.0), d.name
+    except (orjson.JSONDecodeError, OSError, ValueError):
+        return 0.0, d.name
+
+
+def fingerprint_of(meta: dict[str, Any]) -> str | None:
+    fp = meta.get("fingerprint")
+    if fp:
+        return fp
+    return None  # every run.json agentload writes has one
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def settings_of(meta: dict[str, Any]) -> dict[str, Any]:
+    """The settings a comparison may vary, flattened: client.*, stall.*, canary.*, target.endpoint."""
+    sc = meta.get("scenario") or {}
+    out: dict[str, Any] = {}
+    for sec in (*SETTING_SECTIONS, "canary"):
+        out.update(_flat(sc.get(sec) or {}, sec))
+    out["target.endpoint"] = "embedded mock" if meta.get("embedded_mock") else meta.get("endpoint")
+    return out
+
+
+def workload_of(meta: dict[str, Any]) -> dict[str, Any]:
+    sc = meta.get("scenario") or {}
+    out: dict[str, Any] = {}
+    for sec in FINGERPRINT_SECTIONS:
+        out.update(_flat(sc.get(sec) or {}, sec))
+    out["target.model"] = (sc.get("target") or {}).get("model")
+    return out
+
+
+def _differing(dicts: list[dict[str, Any]]) -> list[str]:
+    keys: list[str] = []
+    for d in dicts:
+        for k in d:
+            if k not in keys:
+                keys.append(k)
+    return [k for k in keys if len({orjson.dumps(d.get(k), option=orjson.OPT_SORT_KEYS) for d in dicts}) > 1]
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and v.is_integer():
+        return f"{v:g}"
+    return str(v)
+
+
+def compare_dirs(paths: list[Path], *, force: bool = False, names: list[str] | None = None,
+                 base: Path | None = None) -> dict[str, Any]:
+    """The comparison of run folders (compare.json's content): a pure function of the folders."""
+    paths = [Path(p) for p in paths]
+    if len(paths) < 2:
+        raise UserError("compare: needs two or more runs")
+    datas = [load_run(p) for p in paths]
+    fps = [fingerprint_of(d.meta) for d in datas]
+    mismatch = len(set(fps)) > 1
+    if mismatch and not force:
+        groups: dict[str | None, list[str]] = {}
+        for p, fp in zip(paths, fps):
+            groups.setdefault(fp, []).append(str(p))
+        first = next(i for i, fp in enumerate(fps) if fp != fps[0])
+        diff = _differing([workload_of(datas[0].meta), workload_of(datas[first].meta)])
+        shown = ", ".join(diff[:4]) + (" ..." if len(diff) > 4 else "")
+        raise UserError("runs have different workloads (fingerprint " +
+                        "; ".join(f"{fp}: {', '.join(ps)}" for fp, ps in groups.items()) +
+                        (f"; they differ in {shown}" if shown else "") +
+                        "), so their numbers are not comparable; pass --force to compare anyway")
+    settings = [settings_of(d.meta) for d in datas]
+    varied = _differing(settings)
+    if names is None:
+        names = []
+        for p, s in zip(paths, settings):
+            label = ",".join(f"{k.rsplit('.', 1)[1]}={_show(s.get(k))}" for k in varied if not k.startswith("canary."))
+            names.append(label or p.name)
+    seen: Counter[str] = Counter()
+    uniq = []
+    for n in names:
+        seen[n] += 1
+        uniq.append(n if seen[n] == 1 else f"{n}#{seen[n]}")
+    names = uniq
+    common = {k: v for k, v in settings[0].items() if k not in varied}
+
+    variants = []
+    for p, data, name, s, fp in zip(paths, datas, names, settings, fps):
+        metrics, summary = run_metrics(data)
+        v = summary["verdict"]
+        rp = p.resolve()
+        rel = str(rp.relative_to(base.resolve())) if base is not None and rp.is_relative_to(base.resolve()) else str(rp)
+        variants.append({
+            "name": name, "dir": rel, "run": data.meta.get("run"), "fingerprint": fp,
+            "varied": {k: s.get(k) for k in varied},
+            "client": (data.meta.get("scenario") or {}).get("client", {}),
+            "stall": (data.meta.get("scenario") or {}).get("stall", {}),
+            "metrics": metrics,
+            "verdict": {k: v.get(k) for k in ("kind", "phase", "first_round", "agents_affected", "summary", "evidence")},
+            "cut_short": summary["run"].get("cut_short"),
+            "warnings": summary.get("warnings", []),
+            "quantiles_ms": distributions(data),
+        })
+    rows = []
+    for keys, label, better in ROWS:
+        rows.append({"keys": list(keys), "label": label, "better": better,
+                     "best": {k: [variants[i]["name"] for i in
+                                  best_indices(k, better, [var["metrics"].get(k) for var in variants])]
+                              for k in keys}})
+    legend = [LEGEND_BEST, LEGEND_PHASES, LEGEND_STALE, LEGEND_REUSE]
+    if any(var["client"].get("force_close") for var in variants):
+        legend.append(LEGEND_FORCE_CLOSE)
+    sc0 = datas[0].meta.get("scenario") or {}
+    agents = sc0.get("agents") or {}
+    notes = []
+    if mismatch:
+        notes.append("the runs have different workload fingerprints (" + ", ".join(sorted({str(f) for f in fps})) +
+                     "): compared anyway (--force); their numbers are not strictly comparable")
+    for var in variants:
+        if var["cut_short"]:
+            notes.append(f"{var['name']}: the run was cut short; its numbers cover what it recorded")
+    return {
+        "version": COMPARE_VERSION,
+        "scenario": sc0.get("source"),
+        "description": sc0.get("description", ""),
+        "fingerprint": fps[0] if not mismatch else None,
+        "fingerprints": fps,
+        "forced": bool(mismatch and force),
+        "workload": {"agents": agents.get("count"), "rounds": agents.get("rounds"), "seed": agents.get("seed")},
+        "varied": varied,
+        "common": common,
+        "variants": variants,
+        "rows": rows,
+        "legend": legend,
+        "notes": notes,
+    }

@@ -1,0 +1,15 @@
+"""The records layer: what a run leaves on disk and how it is read back.
+
+Written by the run path, read by analysis and the reports; imports nothing above it.
+
+- `record`: one immutable record per request (and the in-flight Trace it comes from), its writer
+  and loader, and phase durations from stamps;
+- `rundir`: a run folder read back (run.json, records, samples) as one `RunData`;
+- `interval_log`: the HdrHistogram interval log (`intervals.hlog`) writer;
+- `target_metrics`: the target's Prometheus scrapes (`target_metrics.jsonl`) read back.
+"""
+
+from agentload.records.record import (  # noqa: F401  the names every layer uses
+    OUTCOMES, PHASES, RECORD_VERSION, REPORT_PHASES, STAMPS, LoadedRecords, Record, RecordWriter, Trace,
+    iter_record_dicts, load_records, phase_at, phase_ns, redact_record,
+)

@@ -1,0 +1,123 @@
+"""The layers stay layers: arrows point one way and no module imports back into another.
+
+    cli -> compare -> run path -> records <- analysis <- report;  mock stands apart.
+
+Each package may import only the layers listed for it in ALLOWED (and the leaf modules errors,
+redact, tokens); an import circle anywhere in agentload/ fails too. Reads the source with ast:
+imports under `if TYPE_CHECKING:` count as well, since they show what a module depends on.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from helpers import REPO
+
+PKG = REPO / "agentload"
+LEAVES = {"agentload", "agentload.errors", "agentload.redact", "agentload.tokens"}
+# layer -> the layers it may import (besides itself and the leaves)
+ALLOWED = {
+    "records": set(),
+    "mock": set(),
+    "run": {"records", "mock"},  # the run path embeds the mock's config model in the scenario
+    "analysis": {"records"},
+    "report": {"analysis", "records"},
+    "compare": {"launch", "run", "analysis", "report", "records"},
+    "launch": {"run", "analysis", "report", "records", "mock"},
+    "cli": {"run", "analysis", "report", "records", "compare", "launch", "mock"},
+}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        m = ".".join(p.relative_to(REPO).with_suffix("").parts)
+        out[m.removesuffix(".__init__")] = p
+    return out
+
+
+def layer(mod: str) -> str:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 and mod not in LEAVES else "leaf"
+
+
+def imports(mod: str, path: Path, known: set[str]) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+                pkg = pkg[: len(pkg) - (node.level - 1)]
+                base = ".".join(pkg + ([base] if base else []))
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        for n in names:
+            while n and n not in known:
+                n = n.rpartition(".")[0]
+            if n and n != mod and not mod.startswith(n + "."):
+                found.add(n)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {m: imports(m, p, set(mods)) for m, p in mods.items()}
+
+
+def test_every_import_points_down_the_layers():
+    bad = []
+    for m, deps in graph().items():
+        lm = layer(m)
+        if lm == "leaf":
+            continue
+        for d in deps:
+            ld = layer(d)
+            if ld not in ("leaf", lm) and ld not in ALLOWED[lm]:
+                bad.append(f"{m} ({lm}) imports {d} ({ld})")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_import_circles():
+    g = graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    circles = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in g:
+        if v not in index:
+            visit(v)
+    assert not circles, circles
+
+
+def test_development_tooling_is_not_shipped():
+    assert not (PKG / "report" / "browser.py").exists() and not (PKG / "report" / "screenshot.py").exists()
