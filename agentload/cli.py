@@ -96,13 +96,12 @@ def mock(
     set_: SetOpt = None,
 ) -> None:
     """Run the mock OpenAI-compatible server standalone (e.g. behind a router)."""
-    from agentload.mock.config import MockConfig
-    from agentload.mock.serve import parse_set_overrides, serve
+    from agentload.mock.serve import mock_config, serve
     from agentload.run.scenario import load_scenario
 
     try:
         base = load_scenario(scenario).mock.to_dict() if scenario else {}
-        cfg = MockConfig.from_dict(parse_set_overrides(set_ or [], base), scenario or "--set")
+        cfg = mock_config(set_ or [], base, scenario or "--set")
         serve(cfg, host, port)  # a port out of range or in use: one line, exit 2
     except UserError as e:
         _fail(str(e))
@@ -237,10 +236,6 @@ def _expected(description: str) -> str:
     flat = " ".join(description.split())
     m = re.search(r"\bExpect(?:ed)? verdict\b", flat)
     return _first_sentence(flat[m.start():]) if m else ""
-
-
-def main() -> None:  # pragma: no cover
-    app()
 
 
 if __name__ == "__main__":  # pragma: no cover

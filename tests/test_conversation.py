@@ -8,9 +8,10 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentload.run.conversation import Conversation
-from agentload.run.scenario import ConversationConfig, const
-from agentload.tokens import prompt_tokens, synthetic_text, text_tokens
+from agentload.run.conversation import Conversation, agent_rng, synthetic_text
+from agentload.run.scenario import ConversationConfig, Dist, const
+from agentload.tokens import prompt_tokens, text_tokens
+from agentload.tokens import synthetic_text as synthetic_text_random
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=50)
 tool_msg = st.builds(lambda c, i: {"role": "tool", "tool_call_id": i, "content": c}, text, text)
@@ -26,7 +27,7 @@ asst_msg = st.builds(
 @settings(max_examples=60, deadline=None)
 def test_body_equals_full_serialisation_and_tokens_match(msgs, tools, stream, seed):
     cfg = ConversationConfig(tools=tools, stream=stream, system_tokens=const(5), user_tokens=const(3))
-    conv = Conversation(cfg, "m", random.Random(seed), 0)
+    conv = Conversation(cfg, "m", agent_rng(seed, 0), 0)
     for m in msgs:
         conv.append(m)
     body = orjson.loads(conv.body())
@@ -40,17 +41,27 @@ def test_body_equals_full_serialisation_and_tokens_match(msgs, tools, stream, se
 @given(n=st.integers(0, 3000), seed=st.integers(0, 10**6))
 @settings(max_examples=60, deadline=None)
 def test_synthetic_text_has_exactly_n_tokens(n, seed):
-    assert text_tokens(synthetic_text(random.Random(seed), n)) == n
+    text = synthetic_text(agent_rng(seed, 1), n)
+    assert text_tokens(text) == n and (n == 0 or len(text.split(" ")) == n)
+    assert text_tokens(synthetic_text_random(random.Random(seed), n)) == n  # the mock's side
+
+
+def _play(conv: Conversation, rounds: int = 3) -> bytes:
+    for r in range(1, rounds + 1):
+        asst = conv.scripted_assistant(r)
+        conv.append(asst)
+        for m in conv.tool_results(asst):
+            conv.append(m)
+        conv.tool_latency_s()
+    return conv.body()
 
 
 def test_same_seed_same_bytes():
-    cfg = ConversationConfig()
-    a = Conversation(cfg, "m", random.Random(5), 3)
-    b = Conversation(cfg, "m", random.Random(5), 3)
-    for r in (1, 2):
-        for c in (a, b):
-            asst = c.scripted_assistant(r)
-            c.append(asst)
-            for m in c.tool_results(asst):
-                c.append(m)
-    assert a.body() == b.body()
+    cfg = ConversationConfig(tool_result_tokens=Dist(kind="lognormal", mean=300, sigma=0.5),
+                             tool_calls_per_round=Dist(kind="uniform", min=1, max=3))
+    a = _play(Conversation(cfg, "m", agent_rng(5, 3), 3))
+    assert a == _play(Conversation(cfg, "m", agent_rng(5, 3), 3))
+    assert a != _play(Conversation(cfg, "m", agent_rng(5, 4), 4))
+    assert a != _play(Conversation(cfg, "m", agent_rng(6, 3), 3))
+    # a random.Random (the runner's canaries) seeds a Generator: still deterministic
+    assert _play(Conversation(cfg, "m", random.Random(9), -1)) == _play(Conversation(cfg, "m", random.Random(9), -1))

@@ -48,12 +48,12 @@ def test_round_trip_through_json():
 @pytest.mark.parametrize("d, expected", [
     ({"base_latency_ms": "abc"}, "scenarios/x.toml: mock.base_latency_ms: expected a number >= 0, got 'abc'"),
     ({"decode_tokens_per_s": -1}, "scenarios/x.toml: mock.decode_tokens_per_s: expected a number >= 0, got -1"),
-    ({"output_tokens": 2.5}, "scenarios/x.toml: mock.output_tokens: expected an integer >= 0, got 2.5"),
-    ({"chunk_tokens": 0}, "scenarios/x.toml: mock.chunk_tokens: expected an integer >= 1, got 0"),
-    ({"max_running": True}, "scenarios/x.toml: mock.max_running: expected an integer >= 1, got True"),
+    ({"output_tokens": 2.5}, "scenarios/x.toml: mock.output_tokens: expected a whole number >= 0, got 2.5"),
+    ({"chunk_tokens": 0}, "scenarios/x.toml: mock.chunk_tokens: expected a whole number >= 1, got 0"),
+    ({"max_running": True}, "scenarios/x.toml: mock.max_running: expected a whole number >= 1, got True"),
     ({"error_rate": 1.5}, "scenarios/x.toml: mock.error_rate: expected a number >= 0 and <= 1, got 1.5"),
     ({"error_status": 404}, "scenarios/x.toml: mock.error_status: expected one of 429, 500, 503, got 404"),
-    ({"style": "tgi"}, "scenarios/x.toml: mock.style: expected one of vllm, sglang, got 'tgi'"),
+    ({"style": "tgi"}, "scenarios/x.toml: mock.style: expected one of 'vllm', 'sglang', got 'tgi'"),
     ({"ping_while_stalled_s": 0}, "scenarios/x.toml: mock.ping_while_stalled_s: expected a number > 0, got 0"),
     ({"models": []}, "scenarios/x.toml: mock.models: expected a non-empty list of model names, got []"),
     ({"stall_mid_stream": 5}, "scenarios/x.toml: mock.stall_mid_stream: expected a table "
@@ -75,7 +75,8 @@ def test_validation_errors(d, expected):
 
 def test_unknown_keys():
     text = err({"hang_above": 5})
-    assert text.startswith("scenarios/x.toml: mock.hang_above: unknown key; expected one of: ")
+    assert text.startswith("scenarios/x.toml: mock.hang_above: unknown key (did you mean hang_above_tokens?); "
+                           "expected one of: ")
     assert "hang_above_tokens" in text
     assert err({"stall_mid_stream": {"after_tokens": 1, "for_s": 1, "below": 2}}).startswith(
         "scenarios/x.toml: mock.stall_mid_stream.below: unknown key; expected one of: after_tokens")
@@ -105,11 +106,27 @@ def test_parse_set_overrides():
         MockConfig.from_dict(parse_set_overrides(["error_rate=abc"]), "--set")
 
 
+def test_errors_name_where_the_value_came_from():
+    from agentload.mock.serve import mock_config
+
+    with pytest.raises(ScenarioError) as info:
+        mock_config(["hang_s=5"], {"error_rate": 2}, "--config-json")
+    assert str(info.value) == "--config-json: mock.error_rate: expected a number >= 0 and <= 1, got 2"
+    with pytest.raises(ScenarioError) as info:
+        mock_config(["stall_mid_stream.for_s=1"], {}, "scenarios/x.toml")  # the table the item made lacks a key
+    assert str(info.value) == "--set: mock.stall_mid_stream.after_tokens: missing; expected a whole number >= 0"
+    with pytest.raises(ScenarioError) as info:
+        parse_set_overrides(["style.x=1"], {"style": "vllm"})
+    assert str(info.value) == "--set: mock.style.x: expected mock.style to be a table, got 'vllm'"
+    assert mock_config(["mock.models=solo", "chunk_tokens=2.0"]).models == ("solo",)
+
+
 def test_cli_rejects_bad_config_on_one_line():
     proc = subprocess.run([sys.executable, "-m", "agentload.mock", "--port", "0", "--set", "error_rate=abc"],
                           capture_output=True, text=True, timeout=30, cwd=str(_repo_root()))
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "--config-json/--set: mock.error_rate: expected a number >= 0 and <= 1, got 'abc'"
+    # the value came from --set, so the error names --set (not the --config-json it was applied to)
+    assert proc.stderr.strip() == "--set: mock.error_rate: expected a number >= 0 and <= 1, got 'abc'"
     assert proc.stdout == ""
 
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import random
-
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentload.errors import ScenarioError
-from agentload.run.scenario import Dist, load_scenario, packaged_scenarios
+from agentload.run.conversation import agent_rng
+from agentload.run.scenario import Dist, load_scenario, packaged_scenarios, parse_scenario
 
 from helpers import cli
 
@@ -86,6 +86,73 @@ def test_missing_file_and_bad_override(tmp_path):
         load_scenario("demo", ["client.limit=-1"])
 
 
+@pytest.mark.parametrize("text,expected", [
+    # one mechanism (agentload.validate) for the scenario and the mock: the same words for the same rule
+    ("[agents]\nstart = -1\n", "agents.start: expected 'all' or a ramp length in seconds (a number >= 0), got -1"),
+    ("[agents]\ncuont = 3\n", "agents.cuont: unknown key (did you mean count?); expected one of: count, rounds, "
+                              "start, seed, duration_s, arrival, rate_per_s, rate_dist, error_retries"),
+    ("[stall]\nafter_s = 0\n", "stall.after_s: expected a number > 0 (0 would count every request as stalled), got 0"),
+    ("[stall]\nafter_s = 10\ngive_up_s = 5\n", "stall.give_up_s: expected a number >= stall.after_s (10), got 5"),
+    ("[conversation]\nuser_tokens = { dist = \"uniform\", min = 3 }\n",
+     "conversation.user_tokens.max: missing; expected a number >= 0 (dist = 'uniform' draws between min and max)"),
+    ("[conversation]\nuser_tokens = \"many\"\n",
+     "conversation.user_tokens: expected a number >= 0 or a table { dist = ..., mean = ... }, got 'many'"),
+    ("[target]\nmetrics_urls = [\"http://x/metrics\", 5]\n",
+     "target.metrics_urls[1]: expected an http:// or https:// URL, got 5"),
+    ("[target]\nheaders = { \"X-Team\" = 5 }\n", "target.headers.X-Team: expected a header value (a string on one line), got 5"),
+    ("[mock]\nstyle = \"tgi\"\n", "mock.style: expected one of 'vllm', 'sglang', got 'tgi'"),
+    ("stall = 5\n", "stall: expected a table, got 5"),
+    ("description = 5\n", "description: expected a string, got 5"),
+])
+def test_messages_name_key_expectation_and_value(tmp_path, text, expected):
+    path = write(tmp_path, text)
+    with pytest.raises(ScenarioError) as ei:
+        load_scenario(path)
+    assert str(ei.value) == f"{path}: {expected}"
+
+
+def test_whole_numbers_may_be_written_as_integral_floats(tmp_path):
+    sc = load_scenario(write(tmp_path, "[agents]\ncount = 5.0\n[mock]\noutput_tokens = 7.0\n"))
+    assert sc.agents.count == 5 and type(sc.agents.count) is int and sc.mock.output_tokens == 7
+
+
+@pytest.mark.parametrize("sets,expected", [
+    # a value an override wrote: the error names --set, not the file the override was applied to
+    (["client.limit=-1"], "--set: client.limit: expected a whole number >= 0, got -1"),
+    (["agents.cuont=3"], "--set: agents.cuont: unknown key (did you mean count?)"),
+    (["nonsense.x=1"], "--set: nonsense: unknown section; expected one of: target, agents"),
+    (["mock.error_rate=abc"], "--set: mock.error_rate: expected a number >= 0 and <= 1, got 'abc'"),
+    (["mock.stall_mid_stream.for_s=2"], "--set: mock.stall_mid_stream.after_tokens: missing; expected a whole number >= 0"),
+    (['conversation.user_tokens={ dist = "lognormal" }'], "--set: conversation.user_tokens.mean: missing; expected a number > 0"),
+    # the parser's own errors
+    (["limit=3"], "--set: limit: expected section.key=value, e.g. client.limit=20"),
+    (["client.limit"], "--set: client.limit: expected section.key=value"),
+    (["client..limit=3"], "--set: client..limit: expected section.key=value"),
+    (["client.limit.x=1"], "--set: client.limit.x: expected client.limit to be a table, got 100"),
+])
+def test_override_errors_name_set(sets, expected):
+    with pytest.raises(ScenarioError) as ei:
+        load_scenario("demo", sets)
+    assert str(ei.value).startswith(expected), str(ei.value)
+
+
+def test_an_override_that_breaks_a_file_value_names_the_file(tmp_path):
+    path = write(tmp_path, "[stall]\ngive_up_s = 20\n")
+    with pytest.raises(ScenarioError) as ei:
+        load_scenario(path, ["stall.after_s=30"])
+    assert str(ei.value) == f"{path}: stall.give_up_s: expected a number >= stall.after_s (30), got 20"
+
+
+def test_set_values_are_toml_values_else_strings():
+    sc = load_scenario("demo", ["target.model=my model", 'target.metrics_series=["a", "b"]', "agents.start=2.5",
+                                "client.force_close=true", 'target.model="x = 1"'])
+    assert sc.target.metrics_series == ["a", "b"] and sc.agents.start == 2.5 and sc.client.force_close is True
+    assert sc.target.model == "x = 1"
+    assert load_scenario("demo", ["target.model=my model"]).target.model == "my model"
+    # two TOML lines are not one value: kept as the bare string
+    assert load_scenario("demo", ["target.model=1\nx = 2"]).target.model == "1\nx = 2"
+
+
 def test_overrides_apply_and_are_recorded():
     sc = load_scenario("demo", ["client.limit=7", "agents.count=3", "mock.hang_above_tokens=500",
                                 'conversation.tool_latency_ms={ dist = "exponential", mean = 5 }'])
@@ -94,8 +161,6 @@ def test_overrides_apply_and_are_recorded():
     assert d["client"]["limit"] == 7
     assert d["conversation"]["tool_latency_ms"]["dist"] == "exponential"
     # The effective scenario round-trips through its own dict.
-    from agentload.run.scenario import parse_scenario
-
     again = parse_scenario({k: v for k, v in d.items() if k != "source"}, sc.source)
     assert again == sc
 
@@ -105,8 +170,6 @@ def test_headers_env_names_variables_and_round_trips():
     assert sc.target.headers_env == {"api-key": "AZURE_KEY"}
     d = sc.to_dict()
     assert d["target"]["headers_env"] == {"api-key": "AZURE_KEY"}
-    from agentload.run.scenario import parse_scenario
-
     assert parse_scenario({k: v for k, v in d.items() if k != "source"}, sc.source) == sc
 
 
@@ -124,13 +187,39 @@ def test_fingerprint_ignores_client_but_not_workload():
     assert a.workload_fingerprint() != load_scenario("demo", ["agents.seed=99"]).workload_fingerprint()
 
 
-@given(mean=st.floats(1, 5000), sigma=st.floats(0, 2), seed=st.integers(0, 2**32))
+@given(kind=st.sampled_from(["uniform", "normal", "lognormal", "exponential"]), mean=st.floats(1, 5000),
+       sigma=st.floats(0, 2), seed=st.integers(0, 2**32))
 @settings(max_examples=50, deadline=None)
-def test_distributions_are_seeded_and_non_negative(mean, sigma, seed):
-    d = Dist(kind="lognormal", mean=mean, sigma=sigma)
-    a = [d.sample(random.Random(seed)) for _ in range(3)]
-    b = [d.sample(random.Random(seed)) for _ in range(3)]
-    assert a == b and all(x >= 0 for x in a)
+def test_distributions_are_seeded_and_non_negative(kind, mean, sigma, seed):
+    d = Dist(kind=kind, mean=mean, sigma=sigma, min=0.0 if kind == "uniform" else None,
+             max=mean if kind == "uniform" else None)
+    ra, rb = agent_rng(seed, 0), agent_rng(seed, 0)
+    a = [d.sample(ra) for _ in range(3)]
+    b = [d.sample(rb) for _ in range(3)]
+    assert a == b and all(x >= 0 and type(x) is float for x in a)
+
+
+def test_distribution_semantics():
+    rng = np.random.default_rng(7)
+    # lognormal: `mean` is the median scale exp(mu); exponential: `mean` is the mean
+    logn = np.array([Dist(kind="lognormal", mean=300, sigma=0.5).sample(rng) for _ in range(20000)])
+    assert abs(np.median(logn) / 300 - 1) < 0.03
+    expo = np.array([Dist(kind="exponential", mean=20).sample(rng) for _ in range(20000)])
+    assert abs(expo.mean() / 20 - 1) < 0.03
+    unif = [Dist(kind="uniform", min=5, max=9).sample(rng) for _ in range(2000)]
+    assert 5 <= min(unif) < 5.1 and 8.9 < max(unif) < 9
+    clipped = [Dist(kind="normal", mean=10, sigma=50, min=2, max=30).sample(rng) for _ in range(2000)]
+    assert min(clipped) == 2 and max(clipped) == 30
+
+
+def test_agent_streams_depend_on_seed_and_agent_only():
+    def draws(seed, agent):
+        return agent_rng(seed, agent).random(4).tolist()
+
+    assert draws(1, 3) == draws(1, 3)
+    assert len({tuple(draws(s, a)) for s in (1, 2) for a in (0, 1, 2)}) == 6
+    # seeds past 2**32 do not alias another (seed, agent) pair
+    assert draws(5 * 2**32 + 3, 0) != draws(3, 5)
 
 
 def test_cli_bad_scenario_is_one_line_exit_2(tmp_path):

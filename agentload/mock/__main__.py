@@ -8,8 +8,7 @@ import sys
 import orjson
 
 from agentload.errors import UserError
-from agentload.mock.config import MockConfig
-from agentload.mock.serve import parse_set_overrides, serve
+from agentload.mock.serve import mock_config, parse_set_overrides, serve
 
 __all__ = ["main", "parse_set_overrides", "serve"]
 
@@ -29,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--config-json: not valid JSON: {exc}") from None
         if not isinstance(base, dict):
             raise UserError("--config-json: expected a JSON object")
-        cfg = MockConfig.from_dict(parse_set_overrides(args.overrides, base), "--config-json/--set")
+        cfg = mock_config(args.overrides, base, "--config-json")
     except UserError as exc:
         print(str(exc), file=sys.stderr)
         return 2

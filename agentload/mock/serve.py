@@ -11,11 +11,11 @@ import copy
 import os
 import signal
 import sys
-import tomllib
 from typing import Any, Iterable, Mapping
 
 from agentload.errors import ScenarioError, UserError
 from agentload.mock.config import MockConfig
+from agentload.validate import apply_sets, relabel
 
 READY_PREFIX = "AGENTLOAD_MOCK_LISTENING"
 
@@ -24,38 +24,29 @@ def parse_set_overrides(items: Iterable[str], base: Mapping[str, Any] | None = N
                         source: str = "--set") -> dict[str, Any]:
     """Apply `key=value` items onto a copy of `base` (a `[mock]` dict) and return it.
 
-    Values are TOML scalars or inline tables (`5`, `0.5`, `"x"`, `true`, `{after_tokens = 5, for_s = 2}`);
-    anything TOML cannot parse is kept as a bare string. Keys may carry a `mock.` prefix and may
-    be dotted to reach into a table: `stall_mid_stream.after_tokens=5`.
+    The scenario's `--set` parser (agentload.validate.apply_sets): values are TOML values (`5`,
+    `0.5`, `"x"`, `true`, `["a", "b"]`, `{after_tokens = 5, for_s = 2}`), anything TOML cannot
+    parse is kept as a bare string; keys may carry a `mock.` prefix and may be dotted to reach
+    into a table: `stall_mid_stream.after_tokens=5`.
     """
-    out: dict[str, Any] = copy.deepcopy(dict(base or {}))
-    for item in items:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ScenarioError(source, item, "expected key=value")
-        if key.startswith("mock."):
-            key = key[len("mock."):]
-        parts = key.split(".")
-        if not all(parts):
-            raise ScenarioError(source, item, "expected key=value with a non-empty dotted key")
-        target = out
-        for part in parts[:-1]:
-            nxt = target.get(part)
-            if not isinstance(nxt, dict):
-                nxt = target[part] = {}
-            target = nxt
-        target[parts[-1]] = _toml_value(raw.strip())
-    return out
+    return _apply(items, base, source)[0]
 
 
-def _toml_value(raw: str) -> Any:
+def mock_config(items: Iterable[str], base: Mapping[str, Any] | None = None, source: str = "--config-json",
+                label: str = "--set") -> MockConfig:
+    """`base` with the `key=value` items applied, checked: an error in a value an item wrote
+    names `label`, any other names `source`."""
+    raw, written = _apply(items, base, label)
     try:
-        parsed = tomllib.loads(f"v = {raw}")
-    except tomllib.TOMLDecodeError:
-        return raw
-    # "1\nx = 2" would parse into two keys: that is not a single value
-    return parsed["v"] if len(parsed) == 1 else raw
+        return MockConfig.from_dict(raw, source)
+    except ScenarioError as e:
+        raise relabel(e, written, label) from None
+
+
+def _apply(items: Iterable[str], base: Mapping[str, Any] | None, source: str) -> tuple[dict[str, Any], list[str]]:
+    root: dict[str, Any] = {"mock": copy.deepcopy(dict(base or {}))}
+    written = apply_sets(root, items, form="key=value, e.g. error_rate=0.1", under="mock", source=source)
+    return root["mock"], written
 
 
 def serve(cfg: MockConfig, host: str = "127.0.0.1", port: int = 8000, ready_line: bool = True,

@@ -13,12 +13,11 @@ the fault as agentload's own, so the verdict does not blame the server for it.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from typing import TYPE_CHECKING
 
 from agentload.run.context import AgentState
-from agentload.run.conversation import Conversation
+from agentload.run.conversation import Conversation, agent_rng  # numpy Generator per agent
 from agentload.records import Record, Trace
 from agentload.run.request import Result, classify_exception, send
 
@@ -28,11 +27,6 @@ if TYPE_CHECKING:
 _now = time.perf_counter_ns
 
 RETRY_AFTER_CAP_S = 5.0
-
-
-def agent_rng(seed: int, agent: int) -> random.Random:
-    # A per-agent stream that does not depend on how many agents there are.
-    return random.Random(seed * 1_000_003 + agent)
 
 
 # Exceptions that mean agentload's own code is wrong, not the network or the server: a request

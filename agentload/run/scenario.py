@@ -1,8 +1,9 @@
 """The scenario: what the agents do, how the HTTP client is set up, and where it points.
 
-Loaded from TOML, overridden by `--set section.key=value`, validated before any traffic.
-Every limit and timeout is explicit here (none falls back to a library default) and the
-effective scenario is copied into the run's metadata.
+Loaded from TOML, overridden by `--set section.key=value`, validated before any traffic by
+the fields' own checks (agentload.validate: one mechanism for the scenario and the mock's
+config). Every limit and timeout is explicit here (none falls back to a library default) and
+the effective scenario is copied into the run's metadata.
 """
 
 from __future__ import annotations
@@ -10,25 +11,29 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import random
 import tomllib
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
+from urllib.parse import urlsplit
 
 import orjson
 
 from agentload.errors import ScenarioError
 from agentload.mock.config import MockConfig
+from agentload.validate import (At, Check, Choice, Either, Items, Number, Opt, Table, Text, Whole, apply_sets,
+                                build, relabel, setting)
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DIST_KINDS = ("constant", "uniform", "normal", "lognormal", "exponential")
 
 
 @dataclass(frozen=True)
 class Dist:
-    """A constant, or a distribution drawn from the agent's own seeded RNG."""
+    """A constant, or a distribution drawn from the agent's own seeded numpy Generator."""
 
     kind: str = "constant"
     value: float = 0.0  # constant
@@ -37,26 +42,29 @@ class Dist:
     min: float | None = None
     max: float | None = None
 
-    def sample(self, rng: random.Random) -> float:
+    def sample(self, rng: "np.random.Generator") -> float:
+        # Scalar draws from Generator methods that cost about what random.Random's do (a Python
+        # float back, 0.3-0.5 us); rng.uniform and rng.integers cost twice that, hence random().
         k = self.kind
         if k == "constant":
             x = self.value
         elif k == "uniform":
-            x = rng.uniform(self.min or 0.0, self.max if self.max is not None else self.mean)
+            lo = self.min or 0.0
+            x = lo + ((self.max if self.max is not None else self.mean) - lo) * rng.random()
         elif k == "normal":
-            x = rng.gauss(self.mean, self.sigma)
+            x = rng.normal(self.mean, self.sigma)
         elif k == "lognormal":
-            # `mean` is the distribution's median-ish scale: exp(mu) = mean.
-            x = rng.lognormvariate(math.log(self.mean), self.sigma) if self.mean > 0 else 0.0
-        else:  # exponential
-            x = rng.expovariate(1.0 / self.mean) if self.mean > 0 else 0.0
+            # `mean` is the distribution's median scale: exp(mu) = mean.
+            x = rng.lognormal(math.log(self.mean), self.sigma) if self.mean > 0 else 0.0
+        else:  # exponential, `mean` its mean (numpy's scale)
+            x = rng.exponential(self.mean) if self.mean > 0 else 0.0
         if self.min is not None and x < self.min:
             x = self.min
         if self.max is not None and x > self.max:
             x = self.max
-        return max(x, 0.0)
+        return max(float(x), 0.0)
 
-    def sample_int(self, rng: random.Random) -> int:
+    def sample_int(self, rng: "np.random.Generator") -> int:
         return int(round(self.sample(rng)))
 
     def to_json(self) -> Any:
@@ -78,29 +86,156 @@ def const(v: float) -> Dist:
     return Dist(kind="constant", value=float(v))
 
 
+# ---------------------------------------------------------------- checks of the scenario's own kinds
+
+
+_NUM = Number(0)
+
+
+@dataclass(frozen=True)
+class _DistTable:
+    """`{ dist = "lognormal", mean = 300, sigma = 0.5, min = 10, max = 5000 }` as written."""
+
+    dist: str = setting("constant", Choice(*DIST_KINDS))
+    mean: float | None = None
+    sigma: float | None = None
+    min: float | None = None
+    max: float | None = None
+    value: float | None = None
+
+    def _validate(self, at: At) -> None:
+        if self.min is not None and self.max is not None and self.min > self.max:
+            (at / "max").fail(f"a number >= {at.key}.min ({self.min:g})", self.max)
+        if self.dist == "uniform":
+            for k in ("min", "max"):
+                if getattr(self, k) is None:
+                    (at / k).error("missing; expected a number >= 0 (dist = 'uniform' draws between min and max)")
+        elif self.dist != "constant":
+            above = self.dist in ("lognormal", "exponential")
+            want = f"a number {'>' if above else '>='} 0 for dist = {self.dist!r}"
+            if self.mean is None:
+                (at / "mean").error(f"missing; expected {want}")
+            if above and self.mean <= 0:
+                (at / "mean").fail(want, self.mean)
+
+    def to_dist(self) -> Dist:
+        if self.dist == "constant":
+            return const(self.value if self.value is not None else self.mean or 0.0)
+        return Dist(kind=self.dist, mean=self.mean or 0.0, sigma=self.sigma or 0.0, min=self.min, max=self.max)
+
+
+class _DistCheck(Check):
+    expected = "a number >= 0 or a table { dist = ..., mean = ... }"
+
+    def __call__(self, value: Any, at: At) -> Dist:
+        if isinstance(value, Dist):
+            return value
+        if isinstance(value, dict):
+            return build(_DistTable, value, at).to_dist()
+        try:
+            return const(_NUM(value, at))
+        except ScenarioError:
+            at.fail(self.expected, value)
+
+
+def dist(default: float) -> Any:
+    return setting(const(default), _DistCheck())
+
+
+class _Url(Check):
+    expected = "an http:// or https:// URL"
+
+    def __call__(self, url: Any, at: At) -> str:
+        if not isinstance(url, str):
+            at.fail(self.expected, url)
+        if "@" in url.split("://", 1)[-1].split("/", 1)[0]:  # checked first: the message must not repeat them
+            at.fail("a URL without credentials (user:password@ would be copied into run.json and reports): "
+                    "give them with [target] api_key_env or headers_env")
+        if not url.startswith(("http://", "https://")):
+            at.fail(self.expected, url)
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 (raises on a port out of range)
+        except ValueError as e:
+            at.fail(f"a valid http:// or https:// URL ({e})", url)
+        if not parts.hostname:
+            at.fail("a URL with a host", url)
+        return url
+
+
+# Header names that carry credentials: refused as literal `headers` (the scenario is copied into
+# run.json and onto `--workers` command lines); `headers_env` takes them from the environment.
+_SECRET_HEADER_WORDS = ("auth", "key", "token", "secret", "password", "cookie")
+_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+class _HeaderName(Check):
+    expected = "a header name (letters, digits and !#$%&'*+-.^_`|~)"
+
+    def __init__(self, literal_value: bool):
+        self.literal_value = literal_value  # the value is written in the scenario: no secret
+
+    def __call__(self, name: Any, at: At) -> str:
+        if not name or not set(name) <= _TOKEN_CHARS:
+            at.fail(self.expected, name)
+        if self.literal_value and any(w in name.lower() for w in _SECRET_HEADER_WORDS):
+            at.fail(f"no credential in the scenario (it is copied into run.json): put it in an environment "
+                    f"variable and name that in headers_env = {{\"{name}\" = \"MY_VAR\"}}")
+        return name
+
+
+class _EnvName(Check):
+    expected = "the name of an environment variable"
+
+    def __call__(self, name: Any, at: At) -> str:
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name or name.isspace():
+            at.fail(self.expected, name)
+        return name
+
+
+_TIMEOUT = Number(0, above=True, why="every timeout is explicit; none is unlimited")
+
+
+# ---------------------------------------------------------------- the sections
+
+
 @dataclass(frozen=True)
 class TargetConfig:
-    endpoint: Optional[str] = None  # None: start the embedded mock server
-    model: str = "mock-model"
-    api_key_env: Optional[str] = None  # name of the env var; the key itself is never stored
-    headers: dict[str, str] = field(default_factory=dict)  # static, non-secret headers (copied into run.json)
+    endpoint: Optional[str] = setting(None, Opt(_Url()))  # None: start the embedded mock server
+    model: str = setting("mock-model", Text("a model name", nonblank=True))
+    api_key_env: Optional[str] = setting(None, Opt(_EnvName()))  # name of the env var; the key itself is never stored
+    # static, non-secret headers (copied into run.json)
+    headers: dict[str, str] = setting({}, Table(Text("a header value (a string on one line)", one_line=True),
+                                                keys=_HeaderName(literal_value=True)))
     # header name -> name of the env var holding its value, e.g. {"api-key" = "AZURE_KEY"}: for
     # secrets other than a bearer token; values are read at run time and never stored
-    headers_env: dict[str, str] = field(default_factory=dict)
-    metrics_urls: list[str] = field(default_factory=list)  # Prometheus endpoints scraped during the run
-    metrics_every_s: float = 5.0
-    metrics_series: list[str] = field(default_factory=list)  # names/prefixes to chart (default: router/engine gauges)
+    headers_env: dict[str, str] = setting({}, Table(_EnvName(), keys=_HeaderName(literal_value=False)))
+    metrics_urls: list[str] = setting([], Items(_Url()))  # Prometheus endpoints scraped during the run
+    metrics_every_s: float = setting(5.0, Number(0.2))
+    metrics_series: list[str] = setting([])  # names/prefixes to chart (default: router/engine gauges)
+
+    def _validate(self, at: At) -> None:
+        seen: dict[str, str] = {}
+        if self.api_key_env is not None:
+            seen["authorization"] = f"{at.key}.api_key_env"
+        for table in ("headers", "headers_env"):
+            for name in getattr(self, table):
+                key = at / table / name
+                if name.lower() in seen:
+                    key.error(f"expected each header once; {name!r} is also set by {seen[name.lower()]}")
+                seen[name.lower()] = key.key
 
 
 @dataclass(frozen=True)
 class AgentsConfig:
-    count: int = 8
-    rounds: int = 5
-    start: str | float = "all"  # "all" at once, or a ramp over this many seconds
+    count: int = setting(8, Whole(1))
+    rounds: int = setting(5, Whole(1))
+    start: str | float = setting("all", Either(Choice("all"), Number(0),  # "all" at once, or a ramp over this many seconds
+                                               expected="'all' or a ramp length in seconds (a number >= 0)"))
     seed: int = 1
-    duration_s: Optional[float] = None  # stop starting new rounds after this
+    duration_s: Optional[float] = setting(None, Opt(Number(0, above=True, why="leave it out to run every round")))  # stop starting new rounds after this
     arrival: Literal["closed", "open"] = "closed"
-    rate_per_s: float = 1.0  # open loop: new conversations per second
+    rate_per_s: float = setting(1.0, Number(0, above=True))  # open loop: new conversations per second
     rate_dist: Literal["constant", "poisson"] = "poisson"
     error_retries: int = 3  # an HTTP or connection error is retried this often (Retry-After honoured), then the agent stops
 
@@ -108,13 +243,13 @@ class AgentsConfig:
 @dataclass(frozen=True)
 class ConversationConfig:
     mode: Literal["scripted", "model"] = "scripted"
-    system_tokens: Dist = const(400)
-    user_tokens: Dist = const(100)
+    system_tokens: Dist = dist(400)
+    user_tokens: Dist = dist(100)
     tools: int = 4
-    tool_calls_per_round: Dist = const(1)
-    tool_result_tokens: Dist = const(300)
-    tool_latency_ms: Dist = const(20)
-    max_tokens: int = 64
+    tool_calls_per_round: Dist = dist(1)
+    tool_result_tokens: Dist = dist(300)
+    tool_latency_ms: Dist = dist(20)
+    max_tokens: int = setting(64, Whole(1))
     stream: bool = True
     include_usage: bool = True
 
@@ -126,31 +261,36 @@ class ClientConfig:
     keepalive_timeout: float = 15.0
     force_close: bool = False  # a fresh connection per request
     session: Literal["shared", "per_agent"] = "shared"
-    pool_timeout_s: float = 60.0  # waiting for a pool slot plus connecting (aiohttp `connect`)
-    connect_timeout_s: float = 10.0  # DNS+TCP+TLS of a new connection (aiohttp `sock_connect`)
-    read_timeout_s: float = 120.0  # idle between two reads (aiohttp `sock_read`); bytes, not tokens
-    total_timeout_s: float = 900.0  # whole request, body included (aiohttp `total`)
+    pool_timeout_s: float = setting(60.0, _TIMEOUT)  # waiting for a pool slot plus connecting (aiohttp `connect`)
+    connect_timeout_s: float = setting(10.0, _TIMEOUT)  # DNS+TCP+TLS of a new connection (aiohttp `sock_connect`)
+    read_timeout_s: float = setting(120.0, _TIMEOUT)  # idle between two reads (aiohttp `sock_read`); bytes, not tokens
+    total_timeout_s: float = setting(900.0, _TIMEOUT)  # whole request, body included (aiohttp `total`)
 
 
 @dataclass(frozen=True)
 class StallConfig:
-    after_s: float = 10.0  # no progress (tokens, not bytes) in a phase for this long: stalled
-    give_up_s: float = 60.0  # then abort the request and record it as stalled
+    # no progress (tokens, not bytes) in a phase for this long: stalled
+    after_s: float = setting(10.0, Number(0, above=True, why="0 would count every request as stalled"))
+    give_up_s: float = setting(60.0, Number(0, above=True))  # then abort the request and record it as stalled
     on_give_up: Literal["stop_agent", "retry", "next_round"] = "stop_agent"
     max_retries: int = 2  # on_give_up = "retry": tries of one round after the first; then stop the agent
+
+    def _validate(self, at: At) -> None:
+        if self.give_up_s < self.after_s:
+            (at / "give_up_s").fail(f"a number >= {at.key}.after_s ({self.after_s:g})", self.give_up_s)
 
 
 @dataclass(frozen=True)
 class CanaryConfig:
     every_s: float = 5.0  # 0 turns canaries off
-    prompt_tokens: int = 32
-    max_tokens: int = 8
-    timeout_s: float = 10.0
+    prompt_tokens: int = setting(32, Whole(1))
+    max_tokens: int = setting(8, Whole(1))
+    timeout_s: float = setting(10.0, Number(0, above=True, why="0 would be no timeout to aiohttp"))
 
 
 @dataclass(frozen=True)
 class Scenario:
-    source: str
+    source: str = setting(internal=True)
     target: TargetConfig = TargetConfig()
     agents: AgentsConfig = AgentsConfig()
     conversation: ConversationConfig = ConversationConfig()
@@ -178,21 +318,16 @@ class Scenario:
         keep["model"] = d["target"]["model"]
         return hashlib.sha256(orjson.dumps(keep, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
-    def with_overrides(self, overrides: list[str]) -> "Scenario":
+    def with_overrides(self, overrides: list[str], label: str = "--set") -> "Scenario":
         raw = self.to_dict()
-        apply_overrides(raw, overrides, self.source)
-        return parse_scenario(raw, self.source)
+        written = apply_overrides(raw, overrides)
+        try:
+            return parse_scenario(raw, self.source)
+        except ScenarioError as e:
+            raise relabel(e, written, label) from None
 
 
 SECTIONS = ("target", "agents", "conversation", "client", "stall", "canary", "mock")
-_SECTION_TYPES = {
-    "target": TargetConfig,
-    "agents": AgentsConfig,
-    "conversation": ConversationConfig,
-    "client": ClientConfig,
-    "stall": StallConfig,
-    "canary": CanaryConfig,
-}
 
 
 def _section_to_dict(sec: Any) -> dict[str, Any]:
@@ -203,262 +338,17 @@ def _section_to_dict(sec: Any) -> dict[str, Any]:
     return out
 
 
-# ---------------------------------------------------------------- validation
-
-
-# Numeric fields whose floor is not "a number >= 0": key -> (minimum, strictly above it, why).
-# A zero timeout is no timeout to aiohttp, a zero stall threshold marks every request stalled.
-_BOUNDS: dict[str, tuple[float, bool, str]] = {
-    "agents.count": (1, False, ""),
-    "agents.rounds": (1, False, ""),
-    "agents.duration_s": (0, True, " (leave it out to run every round)"),
-    "agents.rate_per_s": (0, True, ""),
-    "conversation.max_tokens": (1, False, ""),
-    "client.pool_timeout_s": (0, True, " (every timeout is explicit; none is unlimited)"),
-    "client.connect_timeout_s": (0, True, " (every timeout is explicit; none is unlimited)"),
-    "client.read_timeout_s": (0, True, " (every timeout is explicit; none is unlimited)"),
-    "client.total_timeout_s": (0, True, " (every timeout is explicit; none is unlimited)"),
-    "stall.after_s": (0, True, " (0 would count every request as stalled)"),
-    "stall.give_up_s": (0, True, ""),
-    "canary.prompt_tokens": (1, False, ""),
-    "canary.max_tokens": (1, False, ""),
-    "canary.timeout_s": (0, True, " (0 would be no timeout to aiohttp)"),
-    "target.metrics_every_s": (0.2, False, ""),
-}
-
-
-def _bound_text(key: str, whole: bool) -> str:
-    lo, strict, why = _BOUNDS.get(key, (0, False, ""))
-    return f"{'a whole number' if whole else 'a number'} {'>' if strict else '>='} {lo:g}{why}"
-
-
-def _in_bounds(key: str, v: float) -> bool:
-    lo, strict, _ = _BOUNDS.get(key, (0, False, ""))
-    return v > lo if strict else v >= lo
-
-
-def _type_name(v: Any) -> str:
-    return repr(v) if not isinstance(v, (dict, list)) else type(v).__name__
-
-
-def _parse_dist(v: Any, source: str, key: str) -> Dist:
-    if isinstance(v, bool):
-        raise ScenarioError(source, key, f"expected a number or {{ dist = ..., mean = ... }}, got {v!r}")
-    if isinstance(v, (int, float)):
-        if not (0 <= v < math.inf):
-            raise ScenarioError(source, key, f"expected a number >= 0, got {v!r}")
-        return const(v)
-    if isinstance(v, dict):
-        allowed = {"dist", "mean", "sigma", "min", "max", "value"}
-        for k in v:
-            if k not in allowed:
-                raise ScenarioError(source, f"{key}.{k}", f"unknown key; expected one of: {', '.join(sorted(allowed))}")
-        kind = v.get("dist", "constant")
-        if kind not in DIST_KINDS:
-            raise ScenarioError(source, f"{key}.dist", f"expected one of {', '.join(DIST_KINDS)}, got {kind!r}")
-        nums = {}
-        for k in ("mean", "sigma", "min", "max", "value"):
-            if k in v:
-                x = v[k]
-                if isinstance(x, bool) or not isinstance(x, (int, float)) or not (0 <= x < math.inf):
-                    raise ScenarioError(source, f"{key}.{k}", f"expected a number >= 0, got {_type_name(x)}")
-                nums[k] = float(x)
-        if "min" in nums and "max" in nums and nums["min"] > nums["max"]:
-            raise ScenarioError(source, f"{key}.max", f"expected a number >= {key}.min ({nums['min']:g}), got {nums['max']:g}")
-        if kind == "constant":
-            return const(nums.get("value", nums.get("mean", 0.0)))
-        if kind == "uniform":
-            if "min" not in nums or "max" not in nums:
-                raise ScenarioError(source, key, "expected a uniform distribution with min <= max")
-        elif "mean" not in nums or (kind in ("lognormal", "exponential") and nums["mean"] <= 0):
-            raise ScenarioError(source, f"{key}.mean", f"expected a number > 0 for dist = {kind!r}")
-        return Dist(kind=kind, mean=nums.get("mean", 0.0), sigma=nums.get("sigma", 0.0),
-                    min=nums.get("min"), max=nums.get("max"))
-    raise ScenarioError(source, key, f"expected a number or {{ dist = ..., mean = ... }}, got {_type_name(v)}")
-
-
-def _coerce(v: Any, typ: Any, source: str, key: str) -> Any:
-    origin = typing.get_origin(typ)
-    args = typing.get_args(typ)
-    if typ is Dist:
-        return _parse_dist(v, source, key)
-    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
-        if v is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(v, a, source, key)
-            except ScenarioError as e:
-                errors.append(e.expected)
-        raise ScenarioError(source, key, " or ".join(dict.fromkeys(errors)))
-    if origin is Literal:
-        if v not in args:
-            raise ScenarioError(source, key, f"expected one of {', '.join(repr(a) for a in args)}, got {_type_name(v)}")
-        return v
-    if typ is bool:
-        if not isinstance(v, bool):
-            raise ScenarioError(source, key, f"expected true or false, got {_type_name(v)}")
-        return v
-    if typ is int:
-        if isinstance(v, bool) or not isinstance(v, int) or not _in_bounds(key, v):
-            raise ScenarioError(source, key, f"expected {_bound_text(key, True)}, got {_type_name(v)}")
-        return v
-    if typ is float:
-        # NaN and inf fail too: an infinite timeout is no timeout
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (_in_bounds(key, v) and v < math.inf):
-            raise ScenarioError(source, key, f"expected {_bound_text(key, False)}, got {_type_name(v)}")
-        return float(v)
-    if typ is str:
-        if not isinstance(v, str):
-            raise ScenarioError(source, key, f"expected a string, got {_type_name(v)}")
-        return v
-    if origin is dict:
-        if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
-            raise ScenarioError(source, key, f"expected a table of strings, got {_type_name(v)}")
-        return dict(v)
-    if origin is list:
-        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            raise ScenarioError(source, key, f"expected a list of strings, got {_type_name(v)}")
-        return list(v)
-    raise AssertionError(f"unhandled type {typ} for {key}")
-
-
-def _parse_section(cls: type, raw: Any, source: str, name: str) -> Any:
-    if not isinstance(raw, dict):
-        raise ScenarioError(source, name, f"expected a table [{name}], got {_type_name(raw)}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for k, v in raw.items():
-        if k not in hints:
-            raise ScenarioError(source, f"{name}.{k}", f"unknown key; expected one of: {', '.join(names)}")
-        kwargs[k] = _coerce(v, hints[k], source, f"{name}.{k}")
-    return cls(**kwargs)
-
-
-def _check(sc: Scenario) -> None:
-    s = sc.source
-    # (numeric floors are checked per field in _coerce, see _BOUNDS)
-    if sc.stall.give_up_s < sc.stall.after_s:
-        raise ScenarioError(s, "stall.give_up_s", f"expected a number >= stall.after_s ({sc.stall.after_s:g}), got {sc.stall.give_up_s:g}")
-    if isinstance(sc.agents.start, str) and sc.agents.start != "all":
-        raise ScenarioError(s, "agents.start", f"expected \"all\" or a ramp length in seconds, got {sc.agents.start!r}")
-    if not sc.target.model.strip():
-        raise ScenarioError(s, "target.model", "expected a model name, got an empty string")
-    ep = sc.target.endpoint
-    if ep is not None:
-        _check_url(s, "target.endpoint", ep)
-    for i, u in enumerate(sc.target.metrics_urls):
-        _check_url(s, f"target.metrics_urls[{i}]", u)
-    _check_headers(sc.target, s)
-
-
-# Header names that carry credentials: refused as literal `headers` (the scenario is copied into
-# run.json and onto `--workers` command lines); `headers_env` takes them from the environment.
-_SECRET_HEADER_WORDS = ("auth", "key", "token", "secret", "password", "cookie")
-_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-
-
-def _check_url(s: str, key: str, url: str) -> None:
-    from urllib.parse import urlsplit
-
-    if "@" in url.split("://", 1)[-1].split("/", 1)[0]:  # checked first: the message must not repeat them
-        raise ScenarioError(s, key, "expected a URL without credentials (user:password@ would be copied into "
-                                    "run.json and reports): give them with [target] api_key_env or headers_env")
-    if not (url.startswith("http://") or url.startswith("https://")):
-        raise ScenarioError(s, key, f"expected an http:// or https:// URL, got {url!r}")
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 (raises on a port out of range)
-    except ValueError as e:
-        raise ScenarioError(s, key, f"expected a valid http:// or https:// URL ({e}), got {url!r}")
-    if not parts.hostname:
-        raise ScenarioError(s, key, f"expected a URL with a host, got {url!r}")
-
-
-def _check_headers(t: TargetConfig, s: str) -> None:
-    seen: dict[str, str] = {}
-    if t.api_key_env is not None:
-        if not _env_name_ok(t.api_key_env):
-            raise ScenarioError(s, "target.api_key_env", f"expected the name of an environment variable, got {t.api_key_env!r}")
-        seen["authorization"] = "target.api_key_env"
-    for table, items in (("headers", t.headers), ("headers_env", t.headers_env)):
-        for name, value in items.items():
-            key = f"target.{table}.{name}"
-            if not name or not set(name) <= _TOKEN_CHARS:
-                raise ScenarioError(s, key, "expected a header name (letters, digits and !#$%&'*+-.^_`|~)")
-            low = name.lower()
-            if low in seen:
-                raise ScenarioError(s, key, f"expected each header once; {name!r} is also set by {seen[low]}")
-            seen[low] = key
-            if table == "headers":
-                if any(w in low for w in _SECRET_HEADER_WORDS):
-                    raise ScenarioError(s, key, f"expected no credential in the scenario (it is copied into run.json): "
-                                                f"put it in an environment variable and name that in "
-                                                f"headers_env = {{\"{name}\" = \"MY_VAR\"}}")
-                if "\r" in value or "\n" in value:
-                    raise ScenarioError(s, key, "expected a header value on one line")
-            elif not _env_name_ok(value):
-                raise ScenarioError(s, key, f"expected the name of an environment variable, got {value!r}")
-
-
-def _env_name_ok(name: str) -> bool:
-    return bool(name) and "=" not in name and "\0" not in name and not name.isspace()
-
-
 def parse_scenario(raw: dict[str, Any], source: str) -> Scenario:
-    kwargs: dict[str, Any] = {}
-    for k, v in raw.items():
-        if k in ("source",):
-            continue
-        if k == "description":
-            if not isinstance(v, str):
-                raise ScenarioError(source, "description", "expected a string")
-            kwargs["description"] = v
-        elif k == "mock":
-            if not isinstance(v, dict):
-                raise ScenarioError(source, "mock", f"expected a table [mock], got {_type_name(v)}")
-            kwargs["mock"] = MockConfig.from_dict(v, source)
-        elif k in _SECTION_TYPES:
-            kwargs[k] = _parse_section(_SECTION_TYPES[k], v, source, k)
-        else:
-            raise ScenarioError(source, k, f"unknown section; expected one of: description, {', '.join(SECTIONS)}")
-    sc = Scenario(source=source, **kwargs)
-    _check(sc)
-    return sc
+    """The scenario from its TOML table (`source` names the file in errors); `source` keys are skipped."""
+    return build(Scenario, {k: v for k, v in raw.items() if k != "source"}, At(source), source=source)
 
 
 # ---------------------------------------------------------------- overrides and loading
 
 
-def parse_value(text: str) -> Any:
-    """A --set value is a TOML value (number, bool, string, inline table); else a bare string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str], source: str) -> None:
-    for item in overrides:
-        if "=" not in item:
-            raise ScenarioError("--set", item, "expected section.key=value")
-        path, _, text = item.partition("=")
-        parts = [p.strip() for p in path.strip().split(".") if p.strip()]
-        if len(parts) < 2:
-            raise ScenarioError("--set", path, "expected section.key=value, e.g. client.limit=20")
-        node = raw
-        for p in parts[:-1]:
-            nxt = node.get(p)
-            if nxt is None:
-                nxt = node[p] = {}
-            if not isinstance(nxt, dict):
-                raise ScenarioError("--set", path, f"{p} is not a table")
-            node = nxt
-        node[parts[-1]] = parse_value(text.strip())
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> list[str]:
+    """Apply `section.key=value` items (TOML values) onto the raw scenario; the paths written."""
+    return apply_sets(raw, overrides, form="section.key=value, e.g. client.limit=20", depth=2)
 
 
 def packaged_scenarios() -> list[str]:
@@ -482,11 +372,16 @@ def resolve_path(path_or_name: str | None) -> tuple[str, str]:
     raise ScenarioError(str(p), "(file)", f"no such scenario file; packaged scenarios: {', '.join(packaged_scenarios())}")
 
 
-def load_scenario(path_or_name: str | None = None, overrides: list[str] | None = None) -> Scenario:
+def load_scenario(path_or_name: str | None = None, overrides: list[str] | None = None,
+                  label: str = "--set") -> Scenario:
+    """Load, override and validate; an error in a value an override wrote names `label`, not the file."""
     source, text = resolve_path(path_or_name)
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError(source, "(syntax)", f"expected valid TOML: {e}")
-    apply_overrides(raw, overrides or [], source)
-    return parse_scenario(raw, source)
+    written = apply_overrides(raw, overrides or [])
+    try:
+        return parse_scenario(raw, source)
+    except ScenarioError as e:
+        raise relabel(e, written, label) from None
