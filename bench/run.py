@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import selectors
 import shutil
 import subprocess
 import sys
@@ -41,6 +40,9 @@ from typing import Any
 
 import orjson
 import psutil
+
+from agentload.atomic import write_atomic
+from agentload.process import ChildProcess, NotReady
 
 REPO = Path(__file__).resolve().parents[1]
 READY = "BENCH_SERVER_LISTENING"
@@ -71,53 +73,30 @@ def _env() -> dict[str, str]:
 
 
 class Server:
-    """bench/server.py as a child process; its stdin is a lifeline (EOF: it exits)."""
+    """bench/server.py as a child process (agentload.process.ChildProcess); its stdin is a
+    lifeline (EOF: it exits)."""
 
     def __init__(self, cpu: str | None, ttft_ms: float, chunks: int, interval_ms: float, timeout_s: float = 15.0):
         cmd = _pinned([sys.executable, "-m", "bench.server", "--port", "0", "--ttft-ms", str(ttft_ms),
                        "--chunks", str(chunks), "--interval-ms", str(interval_ms)], cpu)
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     env=_env(), cwd=REPO)
-        self.port = self._ready(timeout_s)
+        self.child = ChildProcess.start(cmd, name="bench server", env=_env(), cwd=REPO, lifeline=True,
+                                        stderr=subprocess.DEVNULL)
+        try:
+            self.port = int(self.child.wait_line(READY + " port=", timeout_s).split("port=")[1])
+        except BaseException as e:
+            self.stop()
+            if isinstance(e, NotReady):
+                raise RuntimeError("bench server did not start") from None
+            raise
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.ps = psutil.Process(self.proc.pid)
+        self.ps = psutil.Process(self.child.pid)
 
     def cpu_s(self) -> float:
         t = self.ps.cpu_times()
         return t.user + t.system
 
-    def _ready(self, timeout_s: float) -> int:
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout_s
-        buf = b""
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                if not sel.select(timeout=0.2):
-                    if self.proc.poll() is not None:
-                        break
-                    continue
-                data = os.read(self.proc.stdout.fileno(), 4096)
-                if not data:
-                    break
-                buf += data
-                for line in buf.decode(errors="replace").splitlines():
-                    if line.startswith(READY + " port="):
-                        return int(line.split("port=")[1])
-        self.stop()
-        raise RuntimeError("bench server did not start")
-
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        for s in (self.proc.stdin, self.proc.stdout):
-            if s is not None:
-                s.close()
+        self.child.stop(grace_s=5)
 
     def __enter__(self) -> "Server":
         return self
@@ -309,8 +288,8 @@ def main(argv: list[str] | None = None) -> int:
 
         peers = run_peers(a, srv_cpu, cli_cpu)
     if a.json:
-        a.json.write_bytes(orjson.dumps({"machine": machine(), "rows": [r.as_dict() for r in rows],
-                                         "scale": scale, "peers": peers}, option=orjson.OPT_INDENT_2))
+        write_atomic(a.json, orjson.dumps({"machine": machine(), "rows": [r.as_dict() for r in rows],
+                                           "scale": scale, "peers": peers}, option=orjson.OPT_INDENT_2))
     return 0
 
 

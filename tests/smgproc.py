@@ -1,8 +1,9 @@
 """Start SGLang's model gateway (`smg`, PyPI package `smg`) on loopback in front of mock backends.
 
-Used by tests/test_smg.py and tests/test_soak.py. Everything it starts is stopped by PID in
-`stop()` (SIGKILL is fine: smg keeps no state on disk), and on Linux the router also gets
-PR_SET_PDEATHSIG so it dies with the test process even if pytest itself is killed.
+Used by tests/test_smg.py and tests/test_soak.py. Started, waited for (GET /readiness) and
+stopped by `agentload.process.ChildProcess`: `stop()` SIGKILLs its process group (fine: smg keeps
+no state on disk), and on Linux the router also gets PR_SET_PDEATHSIG so it dies with the test
+process even if pytest itself is killed.
 """
 
 from __future__ import annotations
@@ -10,18 +11,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from agentload.process import ChildProcess, NotReady, http_get  # noqa: F401  http_get: test_soak uses it
+
 READY_TIMEOUT_S = 45.0
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only, never a proxy
 
 
 def smg_executable() -> str | None:
@@ -38,26 +35,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
-def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
-    try:
-        with _OPENER.open(url, timeout=timeout_s) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
 class SmgProcess:
-    def __init__(self, proc: subprocess.Popen, port: int, prom_port: int, log_path: Path, argv: list[str]):
-        self.proc = proc
+    def __init__(self, child: ChildProcess, port: int, prom_port: int, log_path: Path, argv: list[str]):
+        self.child = child
+        self.proc = child.proc
         self.port = port
         self.prom_port = prom_port
         self.log_path = log_path
@@ -93,11 +74,9 @@ class SmgProcess:
                     # nothing to drain in a test: exit fast on SIGTERM (default grace: 180 s)
                     "--shutdown-grace-period-secs", "1",
                     "--log-level", "warn", *(extra or [])]
-            log = open(log_path, "ab")
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, preexec_fn=_die_with_parent)
-            log.close()
-            me = cls(proc, port, prom, log_path, argv)
+            with open(log_path, "ab") as log:
+                child = ChildProcess.start(argv, name="smg", stdout=log, stderr=log, die_with_parent=True)
+            me = cls(child, port, prom, log_path, argv)
             try:
                 me.wait_ready(len(worker_urls), ready_timeout_s)
                 return me
@@ -110,22 +89,19 @@ class SmgProcess:
 
     def wait_ready(self, workers: int, timeout_s: float) -> dict[str, Any]:
         """Poll /readiness (not /health: that is liveness, 200 even with no worker), bounded."""
-        deadline = time.monotonic() + timeout_s
-        last = ""
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"smg exited with status {self.proc.returncode}: {self.log_tail()}")
-            try:
-                status, body = http_get(self.base + "/readiness", timeout_s=2.0)
-                last = f"{status} {body[:200]!r}"
-                if status == 200:
-                    doc = json.loads(body)
-                    if doc.get("healthy_workers", 0) >= workers:
-                        return doc
-            except (OSError, ValueError) as e:
-                last = repr(e)
-            time.sleep(0.1)
-        raise RuntimeError(f"smg not ready within {timeout_s:g} s (last /readiness: {last}); log: {self.log_tail()}")
+        def ready(status: int, body: bytes) -> dict[str, Any] | None:
+            if status != 200:
+                return None
+            doc = json.loads(body)
+            return doc if doc.get("healthy_workers", 0) >= workers else None
+
+        try:
+            return self.child.wait_url(self.base + "/readiness", timeout_s, ready)
+        except NotReady as e:
+            if e.exited:
+                raise RuntimeError(f"smg exited with status {e.returncode}: {self.log_tail()}") from None
+            raise RuntimeError(f"smg not ready within {timeout_s:g} s (last /readiness: {e.last}); "
+                               f"log: {self.log_tail()}") from None
 
     def metrics_text(self) -> str:
         return http_get(self.metrics_url)[1].decode()
@@ -137,11 +113,5 @@ class SmgProcess:
             return ""
 
     def stop(self) -> int | None:
-        """SIGKILL by PID (smg keeps no state) and reap. Idempotent."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        return self.proc.returncode
+        """SIGKILL its process group (smg keeps no state) and reap. Idempotent."""
+        return self.child.kill()

@@ -184,7 +184,7 @@ def test_secrets_reach_the_server_but_no_output_even_when_the_server_echoes_them
 
 
 def test_with_workers_no_secret_is_on_a_command_line(tmp_path, monkeypatch):
-    import agentload.run.workers as workers
+    import agentload.process as process  # the one supervisor every worker is started by
 
     for k, v in SECRET_ENV.items():
         monkeypatch.setenv(k, v)
@@ -195,7 +195,7 @@ def test_with_workers_no_secret_is_on_a_command_line(tmp_path, monkeypatch):
         cmds.append(list(cmd))
         return real(cmd, *a, **kw)
 
-    monkeypatch.setattr(workers.subprocess, "Popen", spy)
+    monkeypatch.setattr(process.subprocess, "Popen", spy)
     box: list = []
     with FakeServer(_echo_handler(box)) as srv:
         box.append(srv)

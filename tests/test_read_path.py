@@ -6,6 +6,10 @@
 - Both paths fail closed the same way (fakeserver: HTML for a stream, garbage events, an
   `event: error`, a trailing event the stream ends without a blank line for), and a token in
   that trailing event is stamped like any other.
+- aiohttp's private internals both paths rely on are checked once per process: the check passes
+  on the installed aiohttp; when it fails (forced here), bodies are read with `readany()` and give
+  the same record, the pool's unknown counts are left out (never 0), and one warning line names
+  what was missing.
 - The server's own first-token stamp (`mock_sent_ns`) is joined into the record as
   `server_first_token_ns`; the timing error (client first token - server send) is non-negative
   and lies inside the request, on the same CLOCK_MONOTONIC. No wall-clock thresholds.
@@ -21,8 +25,11 @@ import orjson
 import pytest
 
 import agentload.run.request as rq
+from aiohttp.streams import StreamReader
+
 from agentload.mock import MockConfig, MockProcess
 from agentload.records import Record, Trace, load_records
+from agentload.run import body_sink, transport
 from agentload.run.transport import Transport
 from agentload.run.scenario import ClientConfig, TargetConfig
 
@@ -46,7 +53,12 @@ async def _send(url: str, body: bytes, client: ClientConfig, sink: bool, monkeyp
         monkeypatch.setattr(rq, "read_body", _no_sink)
     else:
         monkeypatch.undo()
-    tr = Transport(client, TargetConfig(), url)
+    return await _request(url, body, client)
+
+
+async def _request(url: str, body: bytes, client: ClientConfig, tr: Transport | None = None) -> tuple[rq.Result, Trace]:
+    own = tr is None
+    tr = tr or Transport(client, TargetConfig(), url)
     session = tr.session_for(0)
     trace = Trace("agent", 0, 1, 0, "test-a0-r1-c0", 1, len(body), 10)
     try:
@@ -56,7 +68,8 @@ async def _send(url: str, body: bytes, client: ClientConfig, sink: bool, monkeyp
             err, msg = rq.classify_exception(e)
             res = rq.Result(None, None, err, msg)
     finally:
-        await tr.close()
+        if own:
+            await tr.close()
     return res, trace
 
 
@@ -141,6 +154,101 @@ async def test_connection_goes_back_to_the_pool_after_a_sink_read():
             assert tr.pool_state()["opened"] == 1
         finally:
             await tr.close()
+
+
+@pytest.fixture
+def fresh_checks(monkeypatch):
+    """The once-per-process checks and warnings, as in a new process (restored afterwards)."""
+    monkeypatch.setattr(body_sink, "_missing", None)
+    monkeypatch.setattr(transport, "_pool_unknown", None)
+    monkeypatch.setattr(transport, "_warned", set())
+
+
+async def test_the_aiohttp_internals_check_passes_on_the_installed_aiohttp(fresh_checks, capsys):
+    assert body_sink._check() == []
+    tr = Transport(ClientConfig(), TargetConfig(), "http://127.0.0.1:9/v1")
+    try:
+        assert transport.check_read_path() and body_sink.missing_hooks() == []
+        tr.session_for(0)
+        assert transport._pool_unknown == []
+        state = tr.pool_state()
+        assert "unknown" not in state and {"in_use", "idle", "waiters"} <= set(state)
+    finally:
+        await tr.close()
+    assert "warning" not in capsys.readouterr().err
+
+
+def _count_readany(monkeypatch) -> list[int]:
+    calls = [0]
+    orig = StreamReader.readany
+
+    async def readany(self):
+        calls[0] += 1
+        return await orig(self)
+
+    monkeypatch.setattr(StreamReader, "readany", readany)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["vllm-paced", "tool-calls", "chunked-many"])
+async def test_missing_internals_fall_back_to_readany_with_the_same_record(name, fresh_checks, monkeypatch, capsys):
+    cfg = MOCKS[name]
+    body = BODY if name == "tool-calls" else PLAIN
+    client = ClientConfig(read_timeout_s=10, total_timeout_s=20)
+    calls = _count_readany(monkeypatch)
+    with MockProcess.start(MockConfig(base_latency_ms=1, tool_call_rounds=0, **cfg)) as m:
+        fast, tf = await _request(m.url, body, client)
+        assert calls[0] == 0  # the sink path took the body
+        # an aiohttp that renamed a hook: checked once, one warning, every body read with readany()
+        monkeypatch.setattr(body_sink, "_check", lambda: ["StreamReader._eof_waiter"])
+        monkeypatch.setattr(body_sink, "_missing", None)
+        slow, ts = await _request(m.url, body, client)
+        again, _ = await _request(m.url, body, client)  # a second transport: no second warning
+    assert calls[0] > 0
+    a, b = _shape(fast, tf), _shape(slow, ts)
+    if name == "tool-calls":
+        for sh in (a, b):
+            for c in sh["tool_calls"]:
+                c["id"] = "x"
+    assert a == b and slow.error is None and again.error is None
+    warnings = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]
+    assert len(warnings) == 1, warnings
+    assert "StreamReader._eof_waiter" in warnings[0] and "readany()" in warnings[0]
+
+
+async def test_pool_state_degrades_to_unknown_fields_when_connector_internals_are_missing(
+        fresh_checks, monkeypatch, capsys):
+    monkeypatch.setitem(transport._POOL_HOOKS, "waiters", ("_waiters_renamed", True))  # as if aiohttp renamed it
+    with MockProcess.start(MockConfig(base_latency_ms=1, decode_tokens_per_s=0, output_tokens=4)) as m:
+        tr = Transport(ClientConfig(), TargetConfig(), m.url)
+        try:
+            res, _ = await _request(m.url, PLAIN, ClientConfig(), tr)
+            assert res.error is None
+            state = tr.pool_state()
+            assert "waiters" not in state and state["unknown"] == ["waiters"]
+            assert state["in_use"] == 0 and state["idle"] == 1 and state["opened"] == 1
+            assert "waiters=?" in repr(tr)
+            conn = tr.session_for(0).connector
+            acquired, conn._acquired = conn._acquired, None  # reshaped mid-run: unknown, never a crash
+            try:
+                state = tr.pool_state()
+            finally:
+                conn._acquired = acquired
+            assert state["unknown"] == ["waiters", "in_use"] and "in_use" not in state and state["idle"] == 1
+        finally:
+            await tr.close()
+    warnings = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]
+    assert len(warnings) == 1 and "TCPConnector._waiters_renamed" in warnings[0], warnings
+
+
+def test_a_run_with_the_fallbacks_forced_is_healthy(tmp_path, fresh_checks, monkeypatch):
+    """The whole run path (sampler, live state, verdict, reports) with both fallbacks at once."""
+    monkeypatch.setattr(body_sink, "_check", lambda: ["StreamReader._timer"])
+    monkeypatch.setitem(transport._POOL_HOOKS, "waiters", ("_waiters_renamed", True))
+    res = run_scenario("demo", tmp_path, ["agents.count=3", "agents.rounds=2", "canary.every_s=0"])
+    assert res.summary["verdict"]["kind"] == "healthy"
+    samples = [orjson.loads(ln) for ln in (tmp_path / "samples.jsonl").read_bytes().splitlines()]
+    assert samples and all(s["pool"]["unknown"] == ["waiters"] and "waiters" not in s["pool"] for s in samples)
 
 
 FAIL_CLOSED = {

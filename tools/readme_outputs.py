@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from agentload.atomic import write_atomic
+
 REPO = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"^<!-- output: (?P<cmd>.+?) -->\n```\n(?P<body>.*?)```\n", re.M | re.S)
 
@@ -69,7 +71,7 @@ def main() -> int:
     new = "".join(parts)
     if check:
         return 0 if new == text else 1
-    path.write_text(new, encoding="utf-8")
+    write_atomic(path, new.encode("utf-8"))
     print(f"README.md: {len(list(MARKER.finditer(text)))} output block(s) regenerated", file=sys.stderr)
     return 0
 

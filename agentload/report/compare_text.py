@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agentload.analysis.compare import _show, fmt_value
+from agentload.atomic import write_atomic
 
 
 def _cell(doc: dict[str, Any], row: dict[str, Any], var: dict[str, Any]) -> tuple[str, bool]:
@@ -80,14 +81,8 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, width: int = 120) -> str:
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _atomic(out_dir / "compare.json", orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    write_atomic(out_dir / "compare.json", orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     text = render_text(doc, width=width)
-    _atomic(out_dir / "compare.txt", text.encode())
-    _atomic(out_dir / "compare.html", build_compare_html(doc).encode())
+    write_atomic(out_dir / "compare.txt", text.encode())
+    write_atomic(out_dir / "compare.html", build_compare_html(doc).encode())
     return text
-
-
-def _atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)

@@ -19,7 +19,15 @@ While a body goes to a sink, that timer is replaced by one lazy timer per respon
 handler (same exception, same message, the connection is not reused).
 
 `read_body` returns False when this path cannot be taken (another StreamReader type, a reader
-someone else is waiting on): the caller then reads with `readany()`, which gives the same result.
+someone else is waiting on, an aiohttp without the internals below): the caller then reads with
+`readany()`, which gives the same result.
+
+The aiohttp internals this path relies on (pyproject pins the minor versions they were tested
+with) are checked once per process by `missing_hooks()`: StreamReader's `_eof_waiter`,
+`_waiter`, `_buffer`, `_loop`, `_timer` (a context manager), `total_bytes`, the methods the
+parser and `read_body` call, a class swap to `_SinkReader` and back, and ResponseHandler's
+`read_timeout` property, `_drop_timeout` and `_on_read_timeout`. If anything is missing, every
+body is read with `readany()` (the transport prints one warning line naming what was missing).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from typing import Any, Callable
 
 from aiohttp.streams import StreamReader
 
-__all__ = ["read_body", "supported"]
+__all__ = ["missing_hooks", "read_body", "supported"]
 
 
 class _Sink(asyncio.Future):
@@ -99,8 +107,61 @@ class _IdleTimer:
         self.handle.cancel()
 
 
+_READER_ATTRS = ("_eof_waiter", "_waiter", "_buffer", "_loop", "_timer", "total_bytes")
+_READER_METHODS = ("feed_data", "feed_eof", "set_exception", "exception", "read_nowait", "is_eof",
+                   "begin_http_chunk_receiving", "end_http_chunk_receiving")
+_PROTOCOL_METHODS = ("_drop_timeout", "_on_read_timeout")
+_missing: list[str] | None = None  # None: not checked yet in this process
+
+
+def _check() -> list[str]:
+    """The aiohttp internals the sink path needs that this aiohttp lacks ([] when all are there)."""
+    missing = [f"StreamReader.{m}()" for m in _READER_METHODS if not callable(getattr(StreamReader, m, None))]
+    try:  # a reader as the connection makes it (it keeps the loop it is given and calls nothing on it)
+        r = StreamReader(_NoProtocol(), 2 ** 16, loop=_NO_LOOP)  # type: ignore[arg-type]
+    except Exception as e:
+        return missing + [f"StreamReader(protocol, limit, loop=...) ({e.__class__.__name__}: {e})"]
+    missing += [f"StreamReader.{a}" for a in _READER_ATTRS if not hasattr(r, a)]
+    if getattr(r, "_eof_waiter", 0) is not None or getattr(r, "_waiter", 0) is not None:
+        missing.append("StreamReader._eof_waiter/_waiter (None on a new reader)")
+    timer = getattr(r, "_timer", None)
+    if timer is not None and not (hasattr(timer, "__enter__") and hasattr(timer, "__exit__")):
+        missing.append("StreamReader._timer (a context manager)")
+    try:
+        r.__class__ = _SinkReader
+        r.__class__ = StreamReader
+    except TypeError:
+        missing.append("StreamReader layout (class swap to a subclass with no new slots)")
+    try:
+        from aiohttp.client_proto import ResponseHandler
+    except ImportError:
+        return missing + ["aiohttp.client_proto.ResponseHandler"]
+    rt = getattr(ResponseHandler, "read_timeout", None)
+    if not isinstance(rt, property) or rt.fset is None:
+        missing.append("ResponseHandler.read_timeout (a settable property)")
+    missing += [f"ResponseHandler.{m}()" for m in _PROTOCOL_METHODS if not callable(getattr(ResponseHandler, m, None))]
+    return missing
+
+
+class _NoProtocol:
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+
+
+_NO_LOOP = object()
+
+
+def missing_hooks() -> list[str]:
+    """What the sink path needs from aiohttp's internals and this aiohttp lacks; checked once per
+    process. Empty: the sink path is used; otherwise every body is read with `readany()`."""
+    global _missing
+    if _missing is None:
+        _missing = _check()
+    return _missing
+
+
 def supported(content: object) -> bool:
-    return type(content) is StreamReader and hasattr(content, "_eof_waiter")
+    return type(content) is StreamReader and not missing_hooks()
 
 
 async def read_body(content: StreamReader, feed: Callable[[bytes], None], protocol: Any = None,

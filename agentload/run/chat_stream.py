@@ -125,7 +125,6 @@ class ChatStream:
         "no_choices",
         "not_completion",
         "_content",
-        "_reasoning",
         "_calls",
         "_last_index",
     )
@@ -146,7 +145,6 @@ class ChatStream:
         self.no_choices = 0  # JSON objects without choices (usage-only chunks, errors, other)
         self.not_completion: str | None = None  # from_response: why the body is not a chat.completion
         self._content: list[str] = []
-        self._reasoning: list[str] = []
         # index -> [id, type, name, [argument fragments]]
         self._calls: dict[int, list] = {}
         self._last_index: int | None = None
@@ -196,8 +194,7 @@ class ChatStream:
                             self._content.append(c)
                             flags = TOKEN
                         r = delta.get("reasoning_content") or delta.get("reasoning")
-                        if r and type(r) is str:
-                            self._reasoning.append(r)
+                        if r and type(r) is str:  # output (progress), never sent back: not kept
                             flags = TOKEN
                         tc = delta.get("tool_calls")
                         if tc and self._add_tool_calls(tc):
@@ -350,7 +347,6 @@ class ChatStream:
                     token = True
                 r = msg.get("reasoning_content") or msg.get("reasoning")
                 if r and type(r) is str:
-                    self._reasoning.append(r)
                     token = True
                 tcs = msg.get("tool_calls")
                 if tcs and type(tcs) is list:
@@ -400,13 +396,6 @@ class ChatStream:
         return parts[0] if parts else ""
 
     @property
-    def reasoning(self) -> str:
-        parts = self._reasoning
-        if len(parts) > 1:
-            parts[:] = ["".join(parts)]
-        return parts[0] if parts else ""
-
-    @property
     def tool_calls(self) -> list[dict]:
         """Joined tool calls in index order: ``{"id","type","function":{"name","arguments"}}``.
 
@@ -443,30 +432,3 @@ class ChatStream:
                 c["type"] = "function"
             msg["tool_calls"] = calls
         return msg
-
-    def tool_calls_valid_json(self) -> list[bool]:
-        """For each tool call (index order): do its joined arguments parse as JSON?"""
-        out = []
-        for c in self.tool_calls:
-            try:
-                _loads(c["function"]["arguments"])
-                out.append(True)
-            except _JSONDecodeError:
-                out.append(False)
-        return out
-
-    @property
-    def output_tokens(self) -> int | None:
-        """``usage.completion_tokens`` if the server reported usage, else None."""
-        u = self.usage
-        if u and type(u) is dict:
-            return u.get("completion_tokens")
-        return None
-
-    @property
-    def prompt_tokens(self) -> int | None:
-        """``usage.prompt_tokens`` if the server reported usage, else None."""
-        u = self.usage
-        if u and type(u) is dict:
-            return u.get("prompt_tokens")
-        return None

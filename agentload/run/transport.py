@@ -3,10 +3,18 @@
 Every limit and timeout comes from the scenario; nothing falls back to aiohttp's defaults
 (its `ClientTimeout(total=300)` would kill long streams). Hooks stamp
 `time.perf_counter_ns()` into the request's Trace and do nothing else.
+
+Two things read aiohttp's private internals (pyproject pins the aiohttp minors they were tested
+with): the body read path (`body_sink`) and the pool's state (`pool_state`: the connector's
+`_acquired`, `_conns`, `_waiters`). Both are checked once per process, when the first Transport
+is made (the connector's when its first pool is made); whatever is missing is named in one
+warning line on stderr, bodies are then read with `readany()` and the pool's unknown counts are
+left out of `pool_state()` (listed under `unknown`) instead of read as 0.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -17,9 +25,56 @@ from agentload import __version__
 from agentload.errors import UserError
 from agentload.records import Trace
 from agentload.redact import env_secrets, register_target
+from agentload.run import body_sink
 from agentload.run.scenario import ClientConfig, TargetConfig
 
 _now = time.perf_counter_ns
+
+# pool_state() field -> (connector attribute, a mapping of per-host collections?)
+_POOL_HOOKS = {"in_use": ("_acquired", False), "idle": ("_conns", True), "waiters": ("_waiters", True)}
+_pool_unknown: list[str] | None = None  # pool_state() fields this aiohttp cannot give; None: not checked yet
+_warned: set[str] = set()
+
+
+def _warn_once(what: str, message: str) -> None:
+    """One line on stderr per kind of missing internals, once per process."""
+    if what not in _warned:
+        _warned.add(what)
+        print(f"agentload: warning: aiohttp {aiohttp.__version__}: {message}", file=sys.stderr, flush=True)
+
+
+def check_read_path() -> bool:
+    """The sink read path's aiohttp internals are all there (else: one warning, `readany()`)."""
+    missing = body_sink.missing_hooks()
+    if missing:
+        _warn_once("read", f"missing {', '.join(missing)}: reading response bodies with readany() "
+                           "(the public path) instead of the sink path")
+    return not missing
+
+
+def _pool_count(connector: Any, field: str) -> int:
+    attr, per_host = _POOL_HOOKS[field]
+    v = getattr(connector, attr)
+    return sum(len(x) for x in v.values()) if per_host else len(v)
+
+
+def check_pool_hooks(connector: Any) -> list[str]:
+    """pool_state() fields this connector cannot give (its internals are missing or of another
+    shape); checked on the first connector of the process, one warning if any."""
+    global _pool_unknown
+    if _pool_unknown is None:
+        unknown = []
+        for field in _POOL_HOOKS:
+            try:
+                _pool_count(connector, field)
+            except (AttributeError, TypeError):
+                unknown.append(field)
+        _pool_unknown = unknown
+        if unknown:
+            names = ", ".join(f"{type(connector).__name__}.{_POOL_HOOKS[f][0]}" for f in unknown)
+            _warn_once("pool", f"missing or reshaped {names}: the pool's {'/'.join(unknown)} are unknown "
+                               "(left out of samples, live view and dumps)")
+    return _pool_unknown
 
 
 def _trace_of(ctx: SimpleNamespace) -> Trace | None:
@@ -138,6 +193,7 @@ class Transport:
         self._per_agent: dict[int, aiohttp.ClientSession] = {}
         self.connections_opened = 0
         self._trace_config.on_connection_create_end.append(self._count_open)
+        check_read_path()  # once per process: one warning and readany() if aiohttp lacks a hook
 
     async def _count_open(self, session: Any, ctx: SimpleNamespace, params: Any) -> None:
         tr = _trace_of(ctx)
@@ -155,6 +211,7 @@ class Transport:
             **({} if fc else {"keepalive_timeout": c.keepalive_timeout}),
             enable_cleanup_closed=False,
         )
+        check_pool_hooks(connector)
         return aiohttp.ClientSession(
             connector=connector,
             timeout=client_timeout(c),
@@ -192,26 +249,35 @@ class Transport:
         out.extend(s.connector for s in self._per_agent.values() if s.connector)
         return out
 
-    def pool_state(self) -> dict[str, int]:
+    def pool_state(self) -> dict[str, Any]:
         """Connections in use, idle, waiters queued and the limit, summed over the pools.
 
         Reads aiohttp's connector internals (`_acquired`, `_conns`, `_waiters`): there is
-        no public API for them, and the pool's state is the evidence a verdict needs.
+        no public API for them, and the pool's state is the evidence a verdict needs. A count
+        this aiohttp cannot give is left out and named in `unknown` (never reported as 0).
         """
-        in_use = idle = waiters = 0
         conns = self._connectors()
-        for c in conns:
-            in_use += len(getattr(c, "_acquired", ()))
-            idle += sum(len(v) for v in getattr(c, "_conns", {}).values())
-            waiters += sum(len(v) for v in getattr(c, "_waiters", {}).values())
-        return {"pools": len(conns), "in_use": in_use, "idle": idle, "waiters": waiters,
-                "limit": self.cfg.limit * max(1, len(conns)) if self.cfg.limit else 0,
-                "opened": self.connections_opened}
+        unknown = list(_pool_unknown or ())
+        counts = {}
+        for field in _POOL_HOOKS:
+            if field in unknown:
+                continue
+            try:
+                counts[field] = sum(_pool_count(c, field) for c in conns)
+            except (AttributeError, TypeError):  # reshaped after the first check: unknown from now on
+                unknown.append(field)
+        out: dict[str, Any] = {"pools": len(conns), **counts,
+                               "limit": self.cfg.limit * max(1, len(conns)) if self.cfg.limit else 0,
+                               "opened": self.connections_opened}
+        if unknown:
+            out["unknown"] = unknown
+        return out
 
     def __repr__(self) -> str:
         s = self.pool_state()
-        return (f"<Transport {self.cfg.session} pools={s['pools']} in_use={s['in_use']} idle={s['idle']} "
-                f"waiters={s['waiters']} limit={self.cfg.limit} opened={s['opened']}>")
+        return (f"<Transport {self.cfg.session} pools={s['pools']} in_use={s.get('in_use', '?')} "
+                f"idle={s.get('idle', '?')} waiters={s.get('waiters', '?')} limit={self.cfg.limit} "
+                f"opened={s['opened']}>")
 
     async def close(self) -> None:
         if self._shared is not None:

@@ -28,9 +28,7 @@ import argparse
 import asyncio
 import os
 import secrets
-import selectors
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,6 +37,7 @@ from typing import Any, Callable
 import orjson
 
 from agentload.errors import UserError
+from agentload.process import ChildProcess, NotReady, wait_lines
 from agentload.run.context import WorkerSpec
 
 READY = "AGENTLOAD_WORKER_READY"
@@ -58,31 +57,13 @@ def _worker_cmd(spec: dict[str, Any]) -> list[str]:
     return [sys.executable, "-m", "agentload.run.workers", "--spec-json", orjson.dumps(spec).decode()]
 
 
-def _wait_ready(procs: list[subprocess.Popen], timeout_s: float) -> None:
-    pending = {p.stdout.fileno(): p for p in procs if p.stdout is not None}
-    bufs: dict[int, bytes] = {fd: b"" for fd in pending}
-    deadline = time.monotonic() + timeout_s
-    with selectors.DefaultSelector() as sel:
-        for fd in pending:
-            sel.register(fd, selectors.EVENT_READ)
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RuntimeError(f"{len(pending)} worker(s) not ready within {timeout_s:g} s")
-            for key, _ in sel.select(timeout=min(left, 0.5)):
-                fd = key.fd
-                data = os.read(fd, 4096)
-                if not data:
-                    p = pending[fd]
-                    p.wait(timeout=5)
-                    raise RuntimeError(f"worker pid {p.pid} exited with status {p.returncode} before it was ready")
-                bufs[fd] += data
-                if READY.encode() in bufs[fd]:
-                    sel.unregister(fd)
-                    del pending[fd]
-            for fd, p in list(pending.items()):
-                if p.poll() is not None:
-                    raise RuntimeError(f"worker pid {p.pid} exited with status {p.returncode} before it was ready")
+def _wait_ready(procs: list[ChildProcess], timeout_s: float) -> None:
+    try:
+        wait_lines(procs, READY, timeout_s)
+    except NotReady as e:
+        if e.exited:
+            raise RuntimeError(f"worker pid {e.child.pid} exited with status {e.returncode} before it was ready") from None
+        raise RuntimeError(f"{e.pending} worker(s) not ready within {timeout_s:g} s") from None
 
 
 def _last_line(path: Path) -> dict[str, Any] | None:
@@ -203,7 +184,7 @@ def run_workers(sc: Any, run_dir: Path, base_url: str, n: int, *, embedded_mock:
     _write_json(run_dir / "run.json", meta)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)
-    procs: list[subprocess.Popen] = []
+    procs: list[ChildProcess] = []
     interrupts = 0
     old: dict[int, Any] = {}
 
@@ -226,8 +207,7 @@ def run_workers(sc: Any, run_dir: Path, base_url: str, n: int, *, embedded_mock:
                     "embedded_mock": embedded_mock, "index": w, "count": n, "run_id": run_id,
                     "t0_ns": meta["t0_ns"], "t0_unix": meta["t0_unix"]}
             # Own session: a Ctrl-C reaches the parent only, which forwards it once to each worker.
-            procs.append(subprocess.Popen(_worker_cmd(spec), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          env=env, start_new_session=True))
+            procs.append(ChildProcess.start(_worker_cmd(spec), name=f"worker {w}", env=env, lifeline=True))
         _wait_ready(procs, READY_TIMEOUT_S)
         start = time.perf_counter_ns()
         for p in procs:
@@ -243,22 +223,12 @@ def run_workers(sc: Any, run_dir: Path, base_url: str, n: int, *, embedded_mock:
                 log(live_line(run_dir, n, time.monotonic() - t0))
     except BaseException:
         for p in procs:
-            if p.poll() is None:
-                p.kill()
+            p.kill()
         raise
     finally:
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=5)
-            for f in (p.stdin, p.stdout):
-                if f is not None:
-                    try:
-                        f.close()
-                    except OSError:
-                        pass
+        for p in procs:  # a worker ends by itself; one that does not within 30 s is stopped
+            p.wait_exit(30)
+            p.stop(grace_s=5)
         for sig, h in old.items():
             signal.signal(sig, h)
     metas: list[dict[str, Any] | None] = []
