@@ -102,4 +102,4 @@ class RunBuilder:
         return s
 
     def data(self) -> RunData:
-        return RunData(self.path, self.meta, list(self.records), 0, list(self.samples))
+        return RunData.from_records(self.path, self.meta, self.records, self.samples)

@@ -27,7 +27,7 @@ import pytest
 from agentload.report.build import write_reports
 from devtools import check_page_sync, find_chromium
 from agentload.report.html import MAX_LANES, write_html
-from agentload.records.rundir import load_run
+from agentload.records.rundir import RunData, load_run
 from agentload.analysis.summary import build_summary
 
 from helpers import REPO, cli, run_scenario
@@ -221,13 +221,13 @@ def test_perfetto_export_is_well_formed_trace_event_json(tmp_path):
 def _many_agents(run_dir: Path, copies: int) -> Path:
     """The fixture's agents cloned into `copies` x as many agents (for the sampled-lanes view)."""
     data = load_run(run_dir)
-    n = 1 + max(r.agent for r in data.records if r.kind == "agent")
-    recs = list(data.records)
+    n = 1 + max(r.agent for r in data.iter_records() if r.kind == "agent")
+    recs = list(data.iter_records())
     for k in range(1, copies):
         recs += [dataclasses.replace(r, agent=r.agent + k * n, request_id=f"{r.request_id}-x{k}")
-                 for r in data.records if r.kind == "agent"]
-    data.records = recs
+                 for r in data.iter_records() if r.kind == "agent"]
     data.meta["scenario"]["agents"]["count"] = n * copies
+    data = RunData.from_records(data.path, data.meta, recs, data.samples)
     write_html(run_dir, data, build_summary(data))
     return run_dir / "report.html"
 

@@ -13,11 +13,15 @@ from typing import Any
 
 import orjson
 
+from hdrh.histogram import HdrHistogram
+
+from agentload.analysis.passes import one_pass
 from agentload.analysis.stats import fmt_ms, histogram_of, percentiles_ms
-from agentload.analysis.summary import build_summary
-from agentload.analysis.verdict import DISCONNECT_ERRORS
+from agentload.analysis.summary import SummaryPass, build_summary
+from agentload.analysis.verdict import DISCONNECT_ERRORS, Facts
 from agentload.errors import UserError
-from agentload.records import Record, phase_ns
+from agentload.records import Record
+from agentload.records.phases import COMPARE_CDF_PHASES, COMPARE_PHASES
 from agentload.records.rundir import RunData, load_run
 
 
@@ -43,7 +47,7 @@ LEGEND_FORCE_CLOSE = ("force_close=true: HTTP/1.1 with a fresh connection per re
 COMPARE_VERSION = 1
 
 
-PHASE_ROWS = ("pool_wait", "connect", "ttfb", "ttft", "e2e")
+PHASE_ROWS = COMPARE_PHASES  # the phase table's `compare` rows
 
 
 FINGERPRINT_SECTIONS = ("agents", "conversation", "mock")
@@ -63,49 +67,78 @@ def _phase(summary: dict[str, Any], phase: str, q: str) -> float | None:
     return None if not ph else ph.get(f"{q}_ms")
 
 
-def run_metrics(data: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The compare rows of one run (every number from its records) and its summary (verdict)."""
-    summary = build_summary(data)
-    recs = [r for r in data.records if r.kind == "agent"]
+class CompareTally:
+    """The counts a comparison row needs beyond summary.json, from the same pass over the records."""
+
+    def __init__(self) -> None:
+        self.requests = self.completed = self.stalls = self.errors = 0
+        self.connections_opened = self.got_conn = self.reused = 0
+
+    def add(self, r: Record) -> None:
+        if r.kind != "agent":
+            return
+        self.requests += 1
+        self.completed += r.outcome == "ok"
+        self.stalls += bool(r.stalled_phase)
+        self.errors += r.outcome == "error"
+        self.connections_opened += "conn_end" in r.t
+        if r.reused is not None:
+            self.got_conn += 1
+            self.reused += bool(r.reused)
+
+
+def measure_run(data: RunData) -> tuple[dict[str, Any], dict[str, Any], dict[str, list[float]]]:
+    """One pass over a run's records: its compare rows, its summary (verdict) and the quantiles
+    of its CDF phases."""
+    sp, tally = SummaryPass(), CompareTally()
+    one_pass(data, [sp, tally])
+    summary = build_summary(data, sp)
+    errors = Facts(data, sp.facts).errors  # the failed agent requests, in the requests' order
     agents_cfg = (data.meta.get("scenario") or {}).get("agents") or {}
-    got_conn = [r for r in recs if r.reused is not None]
-    reused = sum(1 for r in got_conn if r.reused)
-    stale = [r for r in recs if is_stale_error(r)]
     m: dict[str, Any] = {
         "verdict": summary["verdict"].get("kind"),
         "rounds_completed": summary["totals"].get("rounds_completed", 0),
         "rounds_planned": int(agents_cfg.get("count", 0)) * int(agents_cfg.get("rounds", 0)),
-        "requests": len(recs),
-        "completed": sum(1 for r in recs if r.outcome == "ok"),
-        "stalls": sum(1 for r in recs if r.stalled_phase),
-        "errors": sum(1 for r in recs if r.outcome == "error"),
-        "stale_errors": len(stale),
-        "connections_opened": sum(1 for r in recs if "conn_end" in r.t),
-        "reuse_rate": round(reused / len(got_conn), 4) if got_conn else None,
+        "requests": tally.requests,
+        "completed": tally.completed,
+        "stalls": tally.stalls,
+        "errors": tally.errors,
+        "stale_errors": sum(1 for r in errors if is_stale_error(r)),
+        "connections_opened": tally.connections_opened,
+        "reuse_rate": round(tally.reused / tally.got_conn, 4) if tally.got_conn else None,
         "duration_s": summary["run"].get("duration_s"),
     }
     for p in PHASE_ROWS:
         m[f"{p}_p50_ms"] = _phase(summary, p, "p50")
         m[f"{p}_p99_ms"] = _phase(summary, p, "p99")
-    m["error_classes"] = dict(Counter(r.error for r in recs if r.outcome == "error").most_common())
+    m["error_classes"] = dict(Counter(r.error for r in errors).most_common())
+    hists = sp.rounds.overall.hists  # every agent request's phases (e2e: completed ones)
+    dist = {p: quantiles_of(hists[p].histogram()) for p in COMPARE_CDF_PHASES}
+    return m, summary, dist
+
+
+def run_metrics(data: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The compare rows of one run (every number from its records) and its summary (verdict)."""
+    m, summary, _ = measure_run(data)
     return m, summary
 
 
-def quantiles_ms(values_ns: list[int], points: int = 101) -> list[float]:
-    """`points` evenly spaced quantiles (0..100 %) of a list of durations, in ms (for the CDF plot),
-    by the same quantile rule as every table (agentload.analysis.stats)."""
+def quantiles_of(h: HdrHistogram, points: int = 101) -> list[float]:
+    """`points` evenly spaced quantiles (0..100 %) of a histogram, in ms (for the CDF plot), by the
+    same quantile rule as every table (agentload.analysis.stats)."""
     ps = [100.0 * i / (points - 1) for i in range(points)]
-    got = percentiles_ms(histogram_of(values_ns), ps)
+    got = percentiles_ms(h, ps)
     return [] if got is None else [got[p] for p in ps]
 
 
+def quantiles_ms(values_ns: list[int], points: int = 101) -> list[float]:
+    """`points` evenly spaced quantiles of a list of durations (ns), in ms."""
+    return quantiles_of(histogram_of(values_ns), points)
+
+
 def distributions(data: RunData) -> dict[str, list[float]]:
-    recs = [r for r in data.records if r.kind == "agent"]
-    out = {}
-    for p in ("pool_wait", "ttfb", "e2e"):
-        vals = [v for r in recs if (p != "e2e" or r.outcome == "ok") and (v := phase_ns(r.t, p, r.reused)) is not None]
-        out[p] = quantiles_ms(vals)
-    return out
+    """The quantiles of the CDF phases (a pass of its own; compare_dirs gets them from measure_run)."""
+    return measure_run(data)[2]
 
 
 # Rows of the table: (key(s), label, better). Phase rows hold two numbers (p50, p99).
@@ -292,7 +325,7 @@ def compare_dirs(paths: list[Path], *, force: bool = False, names: list[str] | N
 
     variants = []
     for p, data, name, s, fp in zip(paths, datas, names, settings, fps):
-        metrics, summary = run_metrics(data)
+        metrics, summary, quantiles = measure_run(data)
         v = summary["verdict"]
         rp = p.resolve()
         rel = str(rp.relative_to(base.resolve())) if base is not None and rp.is_relative_to(base.resolve()) else str(rp)
@@ -305,7 +338,7 @@ def compare_dirs(paths: list[Path], *, force: bool = False, names: list[str] | N
             "verdict": {k: v.get(k) for k in ("kind", "phase", "first_round", "agents_affected", "summary", "evidence")},
             "cut_short": summary["run"].get("cut_short"),
             "warnings": summary.get("warnings", []),
-            "quantiles_ms": distributions(data),
+            "quantiles_ms": quantiles,
         })
     rows = []
     for keys, label, better in ROWS:

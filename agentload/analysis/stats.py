@@ -13,7 +13,8 @@ from typing import Iterable
 from hdrh.histogram import HdrHistogram
 
 from agentload.records import REPORT_PHASES, Record, phase_ns
-from agentload.records.histograms import new_histogram, record_ns
+from agentload.records.histograms import clamp_us, new_histogram, record_ns
+from agentload.records.phases import BY_NAME
 
 PERCENTILES = (50, 90, 99)
 
@@ -41,8 +42,11 @@ def histogram_of(values_ns: Iterable[int | None]) -> HdrHistogram:
     return h
 
 
-def percentiles_ms(h: HdrHistogram, ps: Iterable[float] = PERCENTILES) -> dict[float, float] | None:
+def percentiles_ms(h: "HdrHistogram | SparseHistogram",
+                   ps: Iterable[float] = PERCENTILES) -> dict[float, float] | None:
     """The percentiles `ps` of h in ms, read in one pass over its buckets; None when h is empty."""
+    if isinstance(h, SparseHistogram):
+        h = h.histogram()
     if h.get_total_count() == 0:
         return None
     lo, hi = h.get_min_value(), h.get_max_value()
@@ -56,7 +60,54 @@ def quantile_ms(values_ns: Iterable[int | None], p: float) -> float | None:
     return None if got is None else got[p]
 
 
-def summarize(h: HdrHistogram) -> dict[str, float | int] | None:
+_BUCKETS = new_histogram()  # only asked which bucket a value falls in
+
+
+class SparseHistogram:
+    """An HdrHistogram kept as counts per bucket in a dict: the memory of the buckets it uses
+    (a full one is ~186 KB; per-round tables of a long run have thousands of them).
+
+    `histogram()` gives the full HdrHistogram back, with the same counts in the same buckets,
+    so every percentile, minimum and maximum read from it is the one a full histogram that
+    recorded the same durations gives."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+
+    def record_ns(self, ns: int) -> None:
+        v = _BUCKETS.get_lowest_equivalent_value(clamp_us(ns))
+        self.counts[v] = self.counts.get(v, 0) + 1
+
+    def add(self, other: "SparseHistogram | HdrHistogram") -> None:
+        """Adds another histogram's counts (as HdrHistogram.add does)."""
+        if isinstance(other, SparseHistogram):
+            items = list(other.counts.items())
+        else:
+            items = [(other.get_value_from_index(i), c) for i in range(other.counts_len)
+                     if (c := other.get_count_at_index(i))]
+        for v, n in items:
+            v = _BUCKETS.get_lowest_equivalent_value(v)
+            self.counts[v] = self.counts.get(v, 0) + n
+
+    def histogram(self) -> HdrHistogram:
+        h = new_histogram()
+        for v, n in self.counts.items():
+            h.record_value(v, n)
+        return h
+
+
+def pct_ms(h: HdrHistogram | SparseHistogram, p: float) -> float | None:
+    """One percentile of a histogram in ms (None when empty): what quantile_ms gives for the
+    durations recorded into it."""
+    got = percentiles_ms(h, (p,))
+    return None if got is None else got[p]
+
+
+def summarize(h: "HdrHistogram | SparseHistogram") -> dict[str, float | int] | None:
+    if isinstance(h, SparseHistogram):
+        h = h.histogram()
     n = h.get_total_count()
     if n == 0:
         return None
@@ -69,13 +120,15 @@ def summarize(h: HdrHistogram) -> dict[str, float | int] | None:
 
 
 class PhaseStats:
-    """Histograms of every report phase, for one group of records (a round, or all).
+    """Histograms of every report phase, for one group of records (a round, or all), fed one
+    record at a time (`add`). Durations of a phase marked `ok_only` in the phase table (e2e)
+    count completed requests only.
 
     Counts: `stalled` is every request that made no progress for stall.after_s, however it
     ended (given up, ended by the server, or finished late); `given_up` those agentload ended."""
 
     def __init__(self) -> None:
-        self.hists = {p: new_histogram() for p in REPORT_PHASES}
+        self.hists = {p: SparseHistogram() for p in REPORT_PHASES}
         self.requests = self.completed = self.errors = self.stalled = self.given_up = self.cut_short = 0
 
     def add(self, rec: Record) -> None:
@@ -93,8 +146,8 @@ class PhaseStats:
             self.stalled += 1
         for p in REPORT_PHASES:
             ns = phase_ns(rec.t, p, rec.reused)
-            if ns is not None and (p != "e2e" or o == "ok"):
-                record_ns(self.hists[p], ns)
+            if ns is not None and (o == "ok" or not _OK_ONLY[p]):
+                self.hists[p].record_ns(ns)
 
     def phases(self) -> dict[str, dict | None]:
         return {p: summarize(h) for p, h in self.hists.items()}
@@ -104,15 +157,28 @@ class PhaseStats:
                 "stalled": self.stalled, "given_up": self.given_up, "cut_short": self.cut_short}
 
 
-def by_round(records: Iterable[Record]) -> tuple[PhaseStats, dict[int, PhaseStats]]:
-    overall = PhaseStats()
-    rounds: dict[int, PhaseStats] = {}
-    for r in records:
+_OK_ONLY = {p: BY_NAME[p].ok_only for p in REPORT_PHASES}
+
+
+class RoundStats:
+    """PhaseStats over every agent request and per round: a consumer of the records' pass."""
+
+    def __init__(self) -> None:
+        self.overall = PhaseStats()
+        self.rounds: dict[int, PhaseStats] = {}
+
+    def add(self, r: Record) -> None:
         if r.kind != "agent":
-            continue
-        overall.add(r)
-        st = rounds.get(r.round)
+            return
+        self.overall.add(r)
+        st = self.rounds.get(r.round)
         if st is None:
-            st = rounds[r.round] = PhaseStats()
+            st = self.rounds[r.round] = PhaseStats()
         st.add(r)
-    return overall, rounds
+
+
+def by_round(records: Iterable[Record]) -> tuple[PhaseStats, dict[int, PhaseStats]]:
+    rs = RoundStats()
+    for r in records:
+        rs.add(r)
+    return rs.overall, rs.rounds

@@ -1,16 +1,20 @@
 """summary.json: the run, totals, per-round phase percentiles, the verdict, and warnings.
 
 A pure function of the run folder's contents, so `agentload report RUN_DIR` rebuilds exactly
-what `agentload run` wrote at its end.
+what `agentload run` wrote at its end. The records are read in one pass (`SummaryPass`, a
+consumer of `agentload.analysis.passes.one_pass`, beside the HTML report's); nothing keeps a
+list of every record.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from agentload.analysis.verdict import agent_outcomes, diagnose
+from agentload.analysis.passes import one_pass
+from agentload.analysis.verdict import FactsAccumulator, agent_outcomes, diagnose
+from agentload.records import Record
 from agentload.records.rundir import RunData
-from agentload.analysis.stats import by_round, histogram_of, percentiles_ms
+from agentload.analysis.stats import RoundStats, SparseHistogram, percentiles_ms
 from agentload.analysis.target_evidence import scrape_summary
 
 MIN_SAMPLES_PER_ROUND = 10
@@ -18,14 +22,52 @@ LOOP_LAG_WARN_MS = 50.0
 LATE_START_WARN_MS = 50.0
 
 
-def run_section(data: RunData) -> dict[str, Any]:
+class SummaryPass:
+    """Everything summary.json needs from the records, in one pass (`add` each record):
+    per-round and overall phase histograms, the verdict's facts (with the per-agent state the
+    agents' outcomes come from), start lateness and agentload's timing error, and counts."""
+
+    def __init__(self) -> None:
+        self.rounds = RoundStats()
+        self.facts = FactsAccumulator()
+        self.records = 0
+        self.max_end: int | None = None  # latest end stamp (the duration of a run that never ended)
+        self.cut_short = 0
+        self.canaries = 0
+        self.canaries_ok = 0
+        self.late = SparseHistogram()  # open loop: start - intended of first requests
+        self.late_n = 0
+        self.timing = SparseHistogram()  # first token seen - the server's own send stamp
+        self.timing_n = 0
+
+    def add(self, r: Record) -> None:
+        self.rounds.add(r)
+        self.facts.add(r)
+        t = r.t
+        self.records += 1
+        end = t.get("end", 0)
+        self.max_end = end if self.max_end is None else max(self.max_end, end)
+        if r.outcome == "cut_short":
+            self.cut_short += 1
+        if r.kind == "canary":
+            self.canaries += 1
+            self.canaries_ok += r.outcome == "ok"
+        if "intended" in t and "start" in t:
+            self.late.record_ns(t["start"] - t["intended"])
+            self.late_n += 1
+        if r.kind == "agent" and r.server_first_token_ns is not None and "first_token" in t:
+            self.timing.record_ns(t["first_token"] - r.server_first_token_ns)
+            self.timing_n += 1
+
+
+def run_section(data: RunData, sp: SummaryPass) -> dict[str, Any]:
     m = data.meta
     sc = m.get("scenario", {})
     dur = None
     if m.get("t_end_ns") and m.get("t0_ns"):
         dur = round((m["t_end_ns"] - m["t0_ns"]) / 1e9, 3)
-    elif data.records:
-        dur = round((max(r.t.get("end", 0) for r in data.records) - m.get("t0_ns", 0)) / 1e9, 3)
+    elif sp.max_end is not None:
+        dur = round((sp.max_end - m.get("t0_ns", 0)) / 1e9, 3)
     return {
         "id": m.get("run"),
         "scenario": sc.get("source"),
@@ -46,26 +88,25 @@ def run_section(data: RunData) -> dict[str, Any]:
         "latency_from": ("intended start of each conversation's first request (open loop: a late start counts), "
                          "actual send of later rounds") if sc.get("agents", {}).get("arrival") == "open"
         else "actual send (closed loop: each agent waits for its answer)",
-        "start_late_ms": _start_lateness(data),
+        "start_late_ms": _start_lateness(sp),
     }
 
 
-def _start_lateness(data: RunData) -> dict[str, float] | None:
+def _start_lateness(sp: SummaryPass) -> dict[str, float] | None:
     """Open loop: how late first requests went out against their intended start (ms)."""
-    late = [r.t["start"] - r.t["intended"] for r in data.records if "intended" in r.t and "start" in r.t]
-    if not late:
+    if not sp.late_n:
         return None
-    pct = percentiles_ms(histogram_of(late), (50, 99, 100)) or {}
-    return {"n": len(late), "p50": pct[50], "p99": pct[99], "max": pct[100]}
+    pct = percentiles_ms(sp.late.histogram(), (50, 99, 100)) or {}
+    return {"n": sp.late_n, "p50": pct[50], "p99": pct[99], "max": pct[100]}
 
 
-def warnings_for(data: RunData, rounds: dict) -> list[str]:
+def warnings_for(data: RunData, rounds: dict, sp: SummaryPass) -> list[str]:
     w = []
     m = data.meta
     if not m.get("ended", False):
         w.append("run.json says the run never ended: it was killed; this report covers the records on disk")
     elif m.get("cut_short"):
-        cut = sum(1 for r in data.records if r.outcome == "cut_short")
+        cut = sp.cut_short
         w.append(f"the run was cut short ({m.get('stop_reason') or 'stopped early'}): conversations in progress started "
                  f"no further round; {cut} request(s) still in flight at the end were recorded as cut_short")
     if data.torn_lines:
@@ -87,30 +128,36 @@ def warnings_for(data: RunData, rounds: dict) -> list[str]:
     return w
 
 
-def timing_error(records: list) -> dict[str, Any] | None:
+def timing_error(sp: SummaryPass) -> dict[str, Any] | None:
     """agentload's own lateness where the server stamps its sends (the mock, bench/server.py):
     the client's first-token stamp minus the server's `mock_sent_ns`, same host, same clock."""
-    d = [r.t["first_token"] - r.server_first_token_ns for r in records
-         if r.kind == "agent" and r.server_first_token_ns is not None and "first_token" in r.t]
-    if not d:
+    if not sp.timing_n:
         return None
-    h = histogram_of(d)
-    pct = percentiles_ms(h, (50, 99, 100)) or {}
-    return {"n": len(d), "p50_ms": pct[50], "p99_ms": pct[99], "max_ms": pct[100]}
+    pct = percentiles_ms(sp.timing.histogram(), (50, 99, 100)) or {}
+    return {"n": sp.timing_n, "p50_ms": pct[50], "p99_ms": pct[99], "max_ms": pct[100]}
 
 
-def build_summary(data: RunData) -> dict[str, Any]:
-    overall, rounds = by_round(data.records)
-    agents = agent_outcomes(data)
-    canaries = [r for r in data.records if r.kind == "canary"]
+def summary_pass(data: RunData) -> SummaryPass:
+    """A pass over the run's records with only the summary's consumer."""
+    sp = SummaryPass()
+    one_pass(data, [sp])
+    return sp
+
+
+def build_summary(data: RunData, sp: SummaryPass | None = None) -> dict[str, Any]:
+    """summary.json from the run folder; `sp`: the summary's consumer of a pass already made."""
+    if sp is None:
+        sp = summary_pass(data)
+    overall, rounds = sp.rounds.overall, sp.rounds.rounds
+    agents = agent_outcomes(data, sp.facts)
     summary: dict[str, Any] = {
-        "run": run_section(data),
-        "verdict": diagnose(data),
+        "run": run_section(data, sp),
+        "verdict": diagnose(data, sp.facts),
         "totals": {
             "agents": len(agents),
             **overall.counts(),
-            "canaries": len(canaries),
-            "canaries_ok": sum(1 for r in canaries if r.outcome == "ok"),
+            "canaries": sp.canaries,
+            "canaries_ok": sp.canaries_ok,
             "torn_lines": data.torn_lines,
             "rounds_completed": sum(a["rounds_completed"] for a in agents),
         },
@@ -120,12 +167,12 @@ def build_summary(data: RunData) -> dict[str, Any]:
             for rnd, st in sorted(rounds.items())
         ],
         "agents": agents,
-        "warnings": warnings_for(data, rounds),
+        "warnings": warnings_for(data, rounds, sp),
     }
-    te = timing_error(data.records)
+    te = timing_error(sp)
     if te is not None:
         summary["timing_error"] = te
-    tm = scrape_summary(data.path, data.meta.get("t0_ns"))
+    tm = scrape_summary(data.target_metrics)
     if tm is not None:
         summary["target_metrics"] = tm
     late = summary["run"].get("start_late_ms")

@@ -1,8 +1,8 @@
 """What the target's own metrics said while agents were stalled: evidence lines for the verdict.
 
-Pure function of the run folder (records + target_metrics.jsonl). For the scrape of each URL
-taken while the most stalled requests were waiting, it reports the in-flight gauges it knows
-(smg per worker, vLLM and SGLang engines) and what they mean:
+Pure function of the stalled records and target_metrics.jsonl (`RunData.target_metrics`, read
+once). For the scrape of each URL taken while the most stalled requests were waiting, it reports
+the in-flight gauges it knows (smg per worker, vLLM and SGLang engines) and what they mean:
 
 - the router counted 0 active requests while agents waited for its first byte: the requests
   are not in flight at the router (look between agentload and the router, or at its accounting);
@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentload.records import Record
-from agentload.records.target_metrics import TargetMetrics, load_target_metrics
+from agentload.records.phases import BY_NAME, WAITING_FOR
+from agentload.records.target_metrics import TargetMetrics
 
 if TYPE_CHECKING:
     from agentload.records.rundir import RunData
@@ -28,9 +29,8 @@ GAUGES = {
     "sglang:num_running_reqs": ("engine", "running requests"),
     "sglang:num_queue_reqs": ("engine", "queued requests"),
 }
-_WAIT = {"ttfb": "waited for response headers (ttfb)", "ttft": "waited for their first token (ttft)",
-         "stream": "waited for their next token (stream)"}
-_PHASE_START = {"ttfb": "sent", "ttft": "headers", "stream": "first_token"}
+# what a request stalled in a server phase waited for (the phase table's `waiting_for`)
+_WAIT = {ph: f"waited for {what} ({ph})" for ph, what in WAITING_FOR.items()}
 
 
 def _fmt(v: float | None) -> str:
@@ -44,7 +44,7 @@ def stall_windows(stalled: list[Record], after_s: float) -> list[tuple[int, int,
     out = []
     for r in stalled:
         ph = r.stalled_phase
-        start = r.t.get(_PHASE_START.get(ph or "", ""), None)
+        start = r.t.get(BY_NAME[ph].start[0]) if ph in _WAIT else None  # when it entered that phase
         end = r.t.get("end")
         if start is None or end is None:
             continue
@@ -54,7 +54,7 @@ def stall_windows(stalled: list[Record], after_s: float) -> list[tuple[int, int,
 
 def target_evidence(data: "RunData", stalled: list[Record], tm: TargetMetrics | None = None) -> list[str]:
     """Evidence lines from the target's metrics about the stalled requests (empty when none were scraped)."""
-    tm = tm if tm is not None else load_target_metrics(data.path, int(data.meta.get("t0_ns") or 0))
+    tm = tm if tm is not None else data.target_metrics
     if not tm:
         return []
     t0 = tm.t0_ns
@@ -115,9 +115,8 @@ def target_evidence(data: "RunData", stalled: list[Record], tm: TargetMetrics | 
     return out
 
 
-def scrape_summary(run_dir, t0_ns: int | None = None) -> dict[str, dict] | None:
+def scrape_summary(tm: TargetMetrics) -> dict[str, dict] | None:
     """Per URL scrape counts for summary.json (None when the run scraped nothing)."""
-    tm = load_target_metrics(run_dir, t0_ns)
     if not tm:
         return None
     return {u: {"ok": tm.scrapes[u]["ok"], "failed": tm.scrapes[u]["failed"], "errors": tm.scrapes[u]["errors"],

@@ -1,7 +1,8 @@
 """Per-agent outcomes and the verdict: a pure function over records, samples and run.json.
 
 The verdict is an ordered list of small rules (`RULES`). Each reads the run's facts (`Facts`,
-computed once) and returns a `Finding` or None. Every finding is kept: the one that stopped the
+computed once, from `FactsAccumulator`: one pass over the records that keeps the troubled records
+and bounded tallies of the fine ones) and returns a `Finding` or None. Every finding is kept: the one that stopped the
 most agents leads the verdict, ties go to the rule listed first, and the others follow as
 secondary findings. The verdict fails closed: it is `healthy` only when no rule found anything,
 and a rule that could not be computed is itself a finding (`agentload_error`), never a pass.
@@ -12,7 +13,7 @@ Kinds are the `Kind` enumeration; README's list of verdict kinds is checked agai
 from __future__ import annotations
 
 import traceback
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
@@ -20,7 +21,10 @@ from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlparse
 
 from agentload.records import Record, phase_ns
-from agentload.analysis.stats import fmt_ms as _ms, quantile_ms
+from agentload.records.phases import SERVER_PHASES
+from agentload.analysis.passes import one_pass, order_key
+from agentload.analysis.stats import SparseHistogram, fmt_ms as _ms, pct_ms, quantile_ms
+from agentload.analysis.tallies import FirstSeenCounts, SizeCounts, Spans
 from agentload.analysis.target_evidence import target_evidence
 
 if TYPE_CHECKING:
@@ -90,57 +94,213 @@ def _share(part: float | None, whole: float | None) -> str:
     return f"{100.0 * part / whole:.0f}%"
 
 
-class Facts:
-    """What every rule reads, computed once from the run folder's data."""
+class AgentTally:
+    """One agent's conversation as the pass saw it: what summary.json's agents and the verdict's
+    "stopped" read. Its last request (by round, then call, then the requests' order) is kept as
+    a record only when it went wrong; otherwise its round and tool calls are enough."""
 
-    def __init__(self, data: "RunData"):
+    __slots__ = ("requests", "ok_rounds", "_fine", "stalls", "last_order", "last", "last_round", "last_tools")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.ok_rounds = Spans()  # rounds with a completed request (late ones too)
+        self._fine: Spans | None = None  # rounds completed without a stall, once they differ from ok_rounds
+        self.stalls = 0
+        self.last_order: tuple = ()
+        self.last: Record | None = None
+        self.last_round = 0
+        self.last_tools = 0
+
+    def completed(self, rnd: int, stalled: bool) -> None:
+        """A request of round `rnd` completed (after a stall, or not)."""
+        if stalled and self._fine is None and rnd not in self.ok_rounds:
+            self._fine = Spans()  # from here on the two differ: keep the fine rounds apart
+            for lo, hi in zip(self.ok_rounds.lo, self.ok_rounds.hi):
+                self._fine.lo.append(lo)
+                self._fine.hi.append(hi)
+        self.ok_rounds.add(rnd)
+        if not stalled and self._fine is not None:
+            self._fine.add(rnd)
+
+    @property
+    def fine_rounds(self) -> Spans:
+        """Rounds with a request that completed without a stall."""
+        return self.ok_rounds if self._fine is None else self._fine
+
+
+def _troubled(r: Record) -> bool:
+    """A request the verdict may quote: it stalled, did not complete, or carried malformed events."""
+    return bool(r.stalled_phase) or r.outcome != "ok" or bool(getattr(r, "bad_events", 0))
+
+
+class FactsAccumulator:
+    """The verdict's facts from one pass over the records (`add` each, then `Facts(data, acc)`).
+
+    Keeps the troubled records themselves (stalled, failed, cut short, malformed: what the
+    evidence quotes) and the canaries; of the fine ones only counts, histograms (pool_wait,
+    e2e, ttfb, time to first token), each prompt size's count, and per agent its rounds and its
+    last request (`AgentTally`)."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.requests = 0
+        self.agent_state: dict[int, AgentTally] = {}
+        self.max_round: int | None = None
+        self._troubled: list[tuple[tuple[int, int], Record]] = []
+        self._canaries: list[tuple[tuple[int, int], Record]] = []
+        self.fine = 0
+        self.fine_prompts = SizeCounts()
+        self.with_token = 0
+        self.no_token_finish = FirstSeenCounts()
+        self.pool_wait = SparseHistogram()
+        self.e2e_ok = SparseHistogram()
+        self.ttfb_ok = SparseHistogram()
+        self.to_token = SparseHistogram()
+        self.waited = Waited()
+        self.troubled: list[Record] = []  # in the requests' order, once closed
+        self.canaries: list[Record] = []
+        self._closed = False
+
+    def add(self, r: Record) -> None:
+        self.seq += 1
+        key = order_key(r, self.seq)
+        if r.kind == "canary":
+            self._canaries.append((key, r))
+            return
+        if r.kind != "agent":
+            return
+        self.requests += 1
+        self.max_round = r.round if self.max_round is None else max(self.max_round, r.round)
+        t = r.t
+        st = self.agent_state.get(r.agent)
+        if st is None:
+            st = self.agent_state[r.agent] = AgentTally()
+        st.requests += 1
+        bad = _troubled(r)
+        if bad:
+            self._troubled.append((key, r))
+        if r.stalled_phase:
+            st.stalls += 1
+        ok = r.outcome == "ok"
+        if ok:
+            st.completed(r.round, bool(r.stalled_phase))
+        order = (r.round, r.call, key)
+        if order >= st.last_order:
+            st.last_order, st.last = order, (r if bad else None)
+            st.last_round, st.last_tools = r.round, r.tool_calls
+        ns = phase_ns(t, "pool_wait", r.reused)
+        if ns is not None:
+            self.pool_wait.record_ns(ns)
+        if "queued_start" in t:
+            self.waited.add(r)
+        if ok:
+            ns = phase_ns(t, "e2e")
+            if ns is not None:
+                self.e2e_ok.record_ns(ns)
+            ns = phase_ns(t, "ttfb")
+            if ns is not None:
+                self.ttfb_ok.record_ns(ns)
+        if ok and not r.stalled_phase:  # fine
+            self.fine += 1
+            self.fine_prompts.add(r.prompt_tokens)
+            if "first_token" in t:
+                self.with_token += 1
+                if "sent" in t:
+                    self.to_token.record_ns(t["first_token"] - t["sent"])
+            else:
+                self.no_token_finish.add(str(r.finish_reason), key)
+
+    def close(self) -> "FactsAccumulator":
+        """Puts what was kept in the requests' order (as the records sorted by start)."""
+        if not self._closed:
+            self._troubled.sort(key=lambda x: x[0])
+            self._canaries.sort(key=lambda x: x[0])
+            self.troubled = [r for _, r in self._troubled]
+            self.canaries = [r for _, r in self._canaries]
+            self._troubled = self._canaries = []
+            self._closed = True
+        return self
+
+
+class Waited:
+    """The requests that queued for a connection: how many, from which round, which agents."""
+
+    __slots__ = ("n", "first_round", "agents")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.first_round: int | None = None
+        self.agents: set[int] = set()
+
+    def add(self, r: Record) -> None:
+        self.n += 1
+        self.first_round = r.round if self.first_round is None else min(self.first_round, r.round)
+        self.agents.add(r.agent)
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class Facts:
+    """What every rule reads, computed once from the run folder's data: from the accumulator
+    of the report's one pass over the records, or (without one) from a pass of its own."""
+
+    def __init__(self, data: "RunData", acc: FactsAccumulator | None = None):
+        if acc is None:
+            acc = FactsAccumulator()
+            one_pass(data, [acc])
+        acc.close()
+        self.acc = acc
         self.data = data
         self.meta = data.meta
         sc = data.meta.get("scenario") or {}
         self.scenario = sc
-        self.recs = [r for r in data.records if r.kind == "agent"]
-        self.canaries = [r for r in data.records if r.kind == "canary"]
+        self.requests = acc.requests  # agent requests
+        self.canaries = acc.canaries
         self.samples = data.samples
-        self.agents = {r.agent for r in self.recs}
+        self.agents = set(acc.agent_state)
         self.after_s = float((sc.get("stall") or {}).get("after_s") or 10.0)
         self.limit = (sc.get("client") or {}).get("limit", 0)
-        self.stalled = [r for r in self.recs if r.stalled_phase]
-        self.fine = [r for r in self.recs if not r.stalled_phase and r.outcome == "ok"]
-        self.errors = [r for r in self.recs if r.outcome == "error"]
+        troubled = acc.troubled
+        self.stalled = [r for r in troubled if r.stalled_phase]
+        self.errors = [r for r in troubled if r.outcome == "error"]
+        # requests that completed but carried malformed events
+        self.odd = [r for r in troubled if getattr(r, "bad_events", 0) and r.error not in PROTOCOL_ERRORS]
+        self.fine = acc.fine  # how many completed without a stall
+        self.fine_prompts = acc.fine_prompts
         # aiohttp's connect timeout also covers the wait for a pool slot: one that fired while
         # the request was still queued is the pool's, not the network's
         self.pool_timeouts = [r for r in self.errors if r.error == "connect_timeout"
                               and "queued_start" in r.t and "queued_end" not in r.t]
-        self.server_stalls = [r for r in self.stalled if r.stalled_phase in ("ttfb", "ttft", "stream")]
+        self.server_stalls = [r for r in self.stalled if r.stalled_phase in SERVER_PHASES]
         self.pool_stalls = [r for r in self.stalled if r.stalled_phase == "pool_wait"]
-        self.waiters_max = max([s.get("pool", {}).get("waiters", 0) for s in self.samples] + [0])
+        # samples whose pool state could be read (an aiohttp whose internals changed leaves it "unknown")
+        self.pool_samples = [s for s in self.samples if "waiters" in (s.get("pool") or {})]
+        self.waiters_max = max([s["pool"]["waiters"] for s in self.pool_samples] + [0])
         self.max_lag = max([s.get("loop_lag_ms", 0.0) for s in self.samples]
                            + [self.meta.get("max_loop_lag_ms") or 0.0])
-        # the last record of each agent: what its conversation ended on
-        last: dict[int, Record] = {}
-        for r in self.recs:
-            cur = last.get(r.agent)
-            if cur is None or (r.round, r.call) >= (cur.round, cur.call):
-                last[r.agent] = r
-        self.last = last
+        # the last record of each agent, where it went wrong: what its conversation ended on
+        self.last = {a: st.last for a, st in acc.agent_state.items() if st.last is not None}
+        self.waited = acc.waited
 
     def stopped_by(self, pred: Callable[[Record], bool]) -> set[int]:
         """Agents whose last request failed in a way `pred` accepts (their conversation ended there)."""
         return {a for a, r in self.last.items() if r.outcome in ("error", "stalled") and pred(r)}
 
+    def fine_rounds_before(self, agent: int, rnd: int) -> int:
+        """How many rounds before `rnd` the agent completed without a stall."""
+        st = self.acc.agent_state.get(agent)
+        return st.fine_rounds.count_below(rnd) if st is not None else 0
+
     @cached_property
     def pool_wait_ms(self) -> tuple[float | None, float | None]:
-        waits = [phase_ns(r.t, "pool_wait", r.reused) for r in self.recs]
-        return quantile_ms(waits, 50), quantile_ms(waits, 90)
+        h = self.acc.pool_wait.histogram()
+        return pct_ms(h, 50), pct_ms(h, 90)
 
     @cached_property
     def e2e_ms(self) -> tuple[float | None, float | None]:
-        e2e = [phase_ns(r.t, "e2e") for r in self.recs if r.outcome == "ok"]
-        return quantile_ms(e2e, 50), quantile_ms(e2e, 90)
-
-    @cached_property
-    def waited(self) -> list[Record]:
-        return [r for r in self.recs if "queued_start" in r.t]
+        h = self.acc.e2e_ok.histogram()
+        return pct_ms(h, 50), pct_ms(h, 90)
 
 
 # ---------------------------------------------------------------- the rules, in order
@@ -194,18 +354,19 @@ def rule_client_saturated(f: Facts) -> Finding | None:
                              f"{len(f.samples)} one-second samples; largest {f.max_lag:.0f} ms"])
 
 
-def _threshold_evidence(failed: list[Record], fine: list[Record], verb: str) -> tuple[str | None, int | None]:
-    """A clean prompt-size threshold is the strongest clue there is: say so when there is one."""
+def _threshold_evidence(failed: list[Record], fine: SizeCounts, verb: str) -> tuple[str | None, int | None]:
+    """A clean prompt-size threshold is the strongest clue there is: say so when there is one.
+    `fine`: the prompt sizes of the requests that completed without a stall."""
     if not failed:
         return None, None
     lo = min(r.prompt_tokens for r in failed)
     hi = max(r.prompt_tokens for r in failed)
-    below = [r.prompt_tokens for r in fine if r.prompt_tokens < lo]
-    above_ok = [r.prompt_tokens for r in fine if r.prompt_tokens >= lo]
-    if not above_ok and below:
+    below = fine.max_below(lo)  # the largest fine prompt below lo
+    above_ok = fine.count_at_least(lo)
+    if not above_ok and below is not None:
         return (f"every request at or above {lo:,} prompt tokens {verb} ({len(failed)}), none below "
-                f"(largest that completed: {max(below):,} tokens)"), lo
-    return (f"{verb} prompts {lo:,}-{hi:,} tokens; {len(above_ok)} request(s) of that size or "
+                f"(largest that completed: {below:,} tokens)"), lo
+    return (f"{verb} prompts {lo:,}-{hi:,} tokens; {above_ok} request(s) of that size or "
             f"larger completed, so size alone does not explain it"), None
 
 
@@ -226,7 +387,7 @@ def rule_server_stall(f: Facts) -> Finding | None:
     affected = {r.agent for r in st}
     all_finished = all(r.outcome == "ok" for r in st)
     stopped = f.stopped_by(lambda r: r.stalled_phase is not None)
-    thr_text, thr = _threshold_evidence(st, f.fine, "stalled")
+    thr_text, thr = _threshold_evidence(st, f.fine_prompts, "stalled")
     if all_finished:
         worst = max((phase_ns(r.t, "e2e") or 0) for r in st) / 1e9
         summary = (f"server slow, not hung: {len(st)} request(s) of {len(affected)} agents made no "
@@ -252,14 +413,14 @@ def rule_server_stall(f: Facts) -> Finding | None:
     first_stall: dict[int, int] = {}
     for r in st:
         first_stall[r.agent] = min(first_stall.get(r.agent, r.round), r.round)
-    before = [len({x.round for x in f.fine if x.agent == a and x.round < rnd}) for a, rnd in first_stall.items()]
+    before = [f.fine_rounds_before(a, rnd) for a, rnd in first_stall.items()]
     if before and min(before) > 0:
         lo, hi = min(before), max(before)
         ev.append(f"each affected agent completed {lo if lo == hi else f'{lo}-{hi}'} round(s) before its first stall")
     pings = sum(r.comments for r in st)
     if pings:
         ev.append(f"{pings} SSE comment(s) (': ping') arrived on stalled requests: bytes flowed, tokens did not")
-    stalled_samples = [s for s in f.samples if s.get("stalled")]
+    stalled_samples = [s for s in f.pool_samples if s.get("stalled")]
     if stalled_samples:
         free = [s for s in stalled_samples if s.get("pool", {}).get("waiters", 0) == 0]
         ev.append(f"the pool had no waiters queued in {len(free)} of {len(stalled_samples)} samples taken while "
@@ -302,20 +463,22 @@ def rule_client_pool(f: Facts) -> Finding | None:
     pw50, pw90 = f.pool_wait_ms
     e50, e90 = f.e2e_ms
     waited = f.waited
-    n = len(f.recs)
+    n = f.requests
     share_ok = (pw50 is not None and e50 and pw50 >= POOL_WAIT_SHARE * e50) or \
                (pw90 is not None and e90 and pw90 >= POOL_WAIT_SHARE * e90)
     slow = share_ok and (pw90 or 0) >= POOL_WAIT_MIN_MS and len(waited) >= POOL_WAITED_SHARE * n
     if not (f.pool_stalls or f.pool_timeouts or slow):
         return None
-    who = f.pool_stalls or f.pool_timeouts or waited
+    who = f.pool_stalls or f.pool_timeouts  # else every request that waited
+    first_round = min(r.round for r in who) if who else waited.first_round
+    who_agents = len({r.agent for r in who}) if who else len(waited.agents)
     timed_out = {id(r) for r in f.pool_timeouts}
     stopped = f.stopped_by(lambda r: r.stalled_phase == "pool_wait" or id(r) in timed_out)
     fnd = Finding(Kind.CLIENT_POOL,
                   f"client pool exhausted: requests waited for a free connection (limit {f.limit}): pool_wait p50 "
                   f"{_ms(pw50)} ms = {_share(pw50, e50)} of e2e p50 {_ms(e50)} ms; {len(waited)} of {n} requests "
                   f"waited; the server was not the bottleneck",
-                  "pool_wait", min(r.round for r in who), len({r.agent for r in who}), len(stopped))
+                  "pool_wait", first_round, who_agents, len(stopped))
     ev = fnd.evidence
     ev.append(f"rule: pool_wait at least {POOL_WAIT_SHARE:.0%} of e2e at p50 or p90, p90 at least "
               f"{POOL_WAIT_MIN_MS:g} ms, and at least {POOL_WAITED_SHARE:.0%} of requests waited; here pool_wait "
@@ -330,15 +493,15 @@ def rule_client_pool(f: Facts) -> Finding | None:
     if f.waiters_max:
         ev.append(f"the one-second sampler saw up to {f.waiters_max} request(s) queued for a connection at "
                   f"limit {f.limit}")
-    elif f.samples:
-        ev.append(f"the one-second sampler caught no waiters in {len(f.samples)} sample(s) (queues shorter than "
+    elif f.pool_samples:
+        ev.append(f"the one-second sampler caught no waiters in {len(f.pool_samples)} sample(s) (queues shorter than "
                   f"its tick); the records above are the evidence")
-    leak = [s for s in f.samples if s.get("pool", {}).get("waiters", 0) > 0
+    leak = [s for s in f.pool_samples if s["pool"]["waiters"] > 0
             and s["pool"].get("in_use", 0) > sum(k for ph, k in (s.get("inflight") or {}).items() if ph != "pool_wait")]
     if leak:
         ev.append(f"in {len(leak)} sample(s) more connections were in use than requests were using them: "
                   f"connections leaked (responses not read to the end or not released)")
-    ttfb = quantile_ms([phase_ns(r.t, "ttfb") for r in f.recs if r.outcome == "ok"], 50)
+    ttfb = pct_ms(f.acc.ttfb_ok, 50)
     ev.append(f"once sent, the server answered: ttfb p50 {_ms(ttfb)} ms")
     return fnd
 
@@ -350,7 +513,7 @@ def _error_finding(f: Facts, kind: Kind, errs: list[Record], summary: str, phase
     fnd = Finding(kind, summary, phase, min(by_round), len({r.agent for r in errs}), len(stopped))
     fnd.evidence.append("errors by round: " + ", ".join(f"round {k}: {n}" for k, n in sorted(by_round.items()))
                         + f"; {len(stopped)} agent(s) stopped on them (error_retries exhausted)")
-    thr_text, thr = _threshold_evidence(errs, f.fine, "failed")
+    thr_text, thr = _threshold_evidence(errs, f.fine_prompts, "failed")
     if thr is not None and thr_text:
         fnd.evidence.append(thr_text)
     return fnd
@@ -362,7 +525,7 @@ def rule_connect(f: Facts) -> Finding | None:
     if not errs:
         return None
     fnd = _error_finding(f, Kind.CONNECT, errs,
-                         f"connections failed: {len(errs)} of {len(f.recs)} requests could not connect "
+                         f"connections failed: {len(errs)} of {f.requests} requests could not connect "
                          f"({fmt_counts(Counter(r.error for r in errs))})", "connect")
     fnd.evidence.append(f"sample message: {errs[0].error_msg}")
     return fnd
@@ -377,7 +540,7 @@ def rule_disconnects(f: Facts) -> Finding | None:
     stale = [r for r in errs if r.reused and "headers" not in r.t]
     mid = [r for r in errs if "headers" in r.t]
     fnd = _error_finding(f, Kind.DISCONNECTS, errs,
-                         f"the server closed connections: {len(errs)} of {len(f.recs)} requests failed "
+                         f"the server closed connections: {len(errs)} of {f.requests} requests failed "
                          f"({len(mid)} mid-response, {len(stale)} on a stale keep-alive connection before any answer)",
                          "stream" if len(mid) >= len(stale) else "send")
     fnd.evidence.append(f"errors: {fmt_counts(Counter(r.error for r in errs))}")
@@ -395,7 +558,7 @@ def rule_server_errors(f: Facts) -> Finding | None:
         return None
     by_round = Counter(r.round for r in errs)
     fnd = _error_finding(f, Kind.SERVER_ERRORS, errs,
-                         f"server errors: {len(errs)} of {len(f.recs)} requests answered with errors "
+                         f"server errors: {len(errs)} of {f.requests} requests answered with errors "
                          f"({fmt_counts(Counter(r.error for r in errs))}), first in round {min(by_round)}", "ttfb")
     fnd.evidence.append(f"sample message: {errs[0].error_msg or '(empty body)'}")
     endpoint = str(f.meta.get("endpoint") or "")
@@ -410,10 +573,10 @@ def rule_bad_responses(f: Facts) -> Finding | None:
     events, a stream with no token and no finish_reason. Malformed events in answers that
     otherwise completed count too: agentload did not see them go right."""
     errs = [r for r in f.errors if r.error in PROTOCOL_ERRORS]
-    odd = [r for r in f.recs if getattr(r, "bad_events", 0) and r.error not in PROTOCOL_ERRORS]
+    odd = f.odd
     if not errs and not odd:
         return None
-    n = len(f.recs)
+    n = f.requests
     if errs:
         fnd = _error_finding(f, Kind.BAD_RESPONSES, errs,
                              f"bad responses: {len(errs)} of {n} requests got an answer that is not a valid chat "
@@ -439,7 +602,7 @@ def rule_other_errors(f: Facts) -> Finding | None:
     if not errs:
         return None
     fnd = _error_finding(f, Kind.OTHER_ERRORS, errs,
-                         f"requests failed: {len(errs)} of {len(f.recs)} ({fmt_counts(Counter(r.error for r in errs))})",
+                         f"requests failed: {len(errs)} of {f.requests} ({fmt_counts(Counter(r.error for r in errs))})",
                          None)
     fnd.evidence.append(f"sample message: {errs[0].error_msg}")
     return fnd
@@ -495,32 +658,33 @@ def findings(f: Facts, rules: list[Callable[[Facts], Finding | None]] = RULES) -
 
 
 def healthy(f: Facts) -> dict[str, Any]:
-    ft = [r for r in f.fine if "first_token" in r.t]
-    to_tok = [(r.t["first_token"] - r.t["sent"]) if "sent" in r.t else None for r in ft]
-    p50, p99 = quantile_ms(to_tok, 50), quantile_ms(to_tok, 99)
+    ft = f.acc.with_token  # fine answers with a token; their sent -> first token in acc.to_token
+    to_tok = f.acc.to_token.histogram()
+    p50, p99 = pct_ms(to_tok, 50), pct_ms(to_tok, 99)
     pw90 = f.pool_wait_ms[1]
     v = Finding(Kind.HEALTHY,
-                f"healthy: {len(f.fine)} of {len(f.recs)} requests completed without a stall over "
-                f"{max(r.round for r in f.recs)} round(s); pool_wait p90 {_ms(pw90)} ms").to_dict()
+                f"healthy: {f.fine} of {f.requests} requests completed without a stall over "
+                f"{f.acc.max_round} round(s); pool_wait p90 {_ms(pw90)} ms").to_dict()
     if ft:
         v["evidence"].append(f"request sent -> first token: p50 {_ms(p50)} ms, p99 {_ms(p99)} ms "
-                             f"({len(ft)} answers with a token)")
-    empty = [r for r in f.fine if "first_token" not in r.t]
-    if empty:
+                             f"({ft} answers with a token)")
+    empty = f.acc.no_token_finish  # fine answers with no token, by finish_reason
+    if len(empty):
         v["evidence"].append(f"{len(empty)} answer(s) finished with no token "
-                             f"({fmt_counts(Counter(str(r.finish_reason) for r in empty))})")
+                             f"({fmt_counts(empty.counter())})")
     if f.waiters_max:
         v["evidence"].append(f"up to {f.waiters_max} waiter(s) queued for a connection, below the pool rule's "
                              f"threshold")
     return v
 
 
-def diagnose(data: "RunData") -> dict[str, Any]:
-    """The verdict: the lead finding's fields, its evidence, and the others as `secondary`."""
-    f = Facts(data)
+def diagnose(data: "RunData", acc: FactsAccumulator | None = None) -> dict[str, Any]:
+    """The verdict: the lead finding's fields, its evidence, and the others as `secondary`.
+    `acc`: the facts gathered by the report's pass over the records (else a pass of its own)."""
+    f = Facts(data, acc)
     found = findings(f)
     if not found:
-        if not f.recs:
+        if not f.requests:
             v = Finding(Kind.NO_DATA, "no agent request was recorded, so there is nothing to judge").to_dict()
         else:
             v = healthy(f)
@@ -531,11 +695,11 @@ def diagnose(data: "RunData") -> dict[str, Any]:
     return v
 
 
-def agent_outcomes(data: "RunData") -> list[dict[str, Any]]:
-    per: dict[int, list[Record]] = defaultdict(list)
-    for r in data.records:
-        if r.kind == "agent":
-            per[r.agent].append(r)
+def agent_outcomes(data: "RunData", acc: FactsAccumulator | None = None) -> list[dict[str, Any]]:
+    """summary.json's agents: how each conversation ended, from the per-agent state of the pass."""
+    if acc is None:
+        acc = FactsAccumulator()
+        one_pass(data, [acc])
     sc = data.meta.get("scenario") or {}
     max_rounds = int((sc.get("agents") or {}).get("rounds") or 0)
     model_mode = (sc.get("conversation") or {}).get("mode") == "model"
@@ -544,33 +708,31 @@ def agent_outcomes(data: "RunData") -> list[dict[str, Any]]:
     crashed = {c["agent"]: c for c in data.meta.get("crashes") or [] if c.get("where") == "agent"
                and c.get("agent") is not None}
     out = []
+    per = acc.agent_state
     for agent in sorted(per):
-        recs = per[agent]
-        recs.sort(key=lambda r: (r.round, r.call))
-        ok_rounds = {r.round for r in recs if r.outcome == "ok"}
-        last = recs[-1]
-        entry: dict[str, Any] = {"agent": agent, "rounds_completed": len(ok_rounds), "requests": len(recs)}
+        st = per[agent]
+        last = st.last  # the last request (by round, call), when it went wrong; None when it was fine
+        entry: dict[str, Any] = {"agent": agent, "rounds_completed": len(st.ok_rounds), "requests": st.requests}
         if agent in crashed:
             c = crashed[agent]
             entry.update(outcome="crashed", error=f"{c.get('error')}: {c.get('message')}",
                          error_round=c.get("round"))
-        elif last.stalled_phase and last.outcome != "ok":
+        elif last is not None and last.stalled_phase and last.outcome != "ok":
             # Given up, cut short while stalled, or ended by the server after it stalled: the stall is the story.
             entry.update(outcome="stalled", stalled_round=last.round, stalled_phase=last.stalled_phase)
             if last.outcome == "error":
                 entry["error"] = last.error
-        elif last.outcome == "cut_short":
+        elif last is not None and last.outcome == "cut_short":
             entry["outcome"] = "cut_short"
-        elif last.outcome == "error":
+        elif last is not None and last.outcome == "error":
             entry.update(outcome="error", error=last.error, error_round=last.round)
-        elif last.round < max_rounds and not (model_mode and last.tool_calls == 0):
+        elif st.last_round < max_rounds and not (model_mode and st.last_tools == 0):
             # the run stopped between two of its rounds: at duration_s as planned, or early (signal)
             entry["outcome"] = "duration_reached" if at_duration else ("cut_short" if stopped_early else "done")
         else:
             entry["outcome"] = "done"
-        stalls = [r for r in recs if r.stalled_phase]
-        if stalls and "stalled_round" not in entry:
-            entry["stalls_survived"] = len(stalls)
+        if st.stalls and "stalled_round" not in entry:
+            entry["stalls_survived"] = st.stalls
         out.append(entry)
     for agent, c in sorted(crashed.items()):  # crashed before its first request: no record at all
         if agent not in per:

@@ -2,9 +2,13 @@
 
 Written by the run path, read by analysis and the reports; imports nothing above it.
 
+- `phases`: the phase table, the one definition of the phases (stamps, order, labels, colours,
+  which are the server's, which the reports show) and what derives from it (`phase_ns`,
+  `phase_at`, `PHASES`, `REPORT_PHASES`, `STAMPS`, re-exported here through `record`);
 - `record`: one immutable record per request (and the in-flight Trace it comes from), its writer
-  and loader, and phase durations from stamps;
-- `rundir`: a run folder read back (run.json, records, samples) as one `RunData`;
+  and loader;
+- `rundir`: a run folder read back as one `RunData`: run.json, samples, target metrics, and a
+  stream of its records (`iter_records`; no list of every record);
 - `interval_log`: the HdrHistogram interval log (`intervals.hlog`) writer;
 - `target_metrics`: the target's Prometheus scrapes (`target_metrics.jsonl`) read back.
 """

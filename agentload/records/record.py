@@ -16,32 +16,13 @@ from typing import Any, Iterator
 import orjson
 
 from agentload import redact
+from agentload.records.phases import (  # noqa: F401  one definition, re-exported for every caller
+    PHASES, PROGRESS_STAMPS, REPORT_PHASES, STAMPS, phase_at, phase_ns,
+)
 
 RECORD_VERSION = 1
 
-# Keys of Record.t, in the order a request passes them.
-STAMPS = ("intended", "start", "queued_start", "queued_end", "conn_start", "conn_end",
-          "sent", "headers", "first_byte", "first_token", "end")
-
-PHASES = ("pool_wait", "connect", "send", "ttfb", "ttft", "stream")
-REPORT_PHASES = ("pool_wait", "connect", "ttfb", "ttft", "stream", "e2e")
-
 OUTCOMES = ("ok", "error", "stalled", "cut_short")
-
-
-def phase_at(t: dict[str, int], reused: bool | None) -> str:
-    """The phase a request is in (or died in), from which stamps exist."""
-    if "first_token" in t:
-        return "stream"
-    if "headers" in t:
-        return "ttft"
-    if "sent" in t:
-        return "ttfb"
-    if "conn_end" in t or reused:
-        return "send"
-    if "conn_start" in t:
-        return "connect"
-    return "pool_wait"
 
 
 class Trace:
@@ -87,11 +68,9 @@ class Trace:
     def progress_ns(self) -> int:
         """When the request last made progress: entering its phase, or its last token."""
         t = self.t
-        if "first_token" in t:
-            return self.last_token
-        for k in ("headers", "sent", "conn_end", "conn_start", "queued_start", "start"):
+        for k in PROGRESS_STAMPS:  # the phase table's opening stamps, latest first
             if k in t:
-                return t[k]
+                return self.last_token if k == "first_token" else t[k]
         return 0
 
 
@@ -158,35 +137,6 @@ class Record:
 
 _FIELDS = tuple(Record.__dataclass_fields__)
 _OPTIONAL = frozenset({"server_first_token_ns", "bad_events"})
-
-
-def phase_ns(t: dict[str, int], phase: str, reused: bool | None = None) -> int | None:
-    """Duration of one phase from raw stamps; None where the request never got through it."""
-    start = t.get("start")
-    if start is None:
-        return None
-    if phase == "e2e":
-        # open loop: from when the request should have started (coordinated omission), else from its send
-        end = t.get("end")
-        return None if end is None else end - t.get("intended", start)
-    if phase == "pool_wait":
-        if "queued_start" in t:
-            return (t["queued_end"] - t["queued_start"]) if "queued_end" in t else None
-        return 0 if ("conn_start" in t or reused or "sent" in t) else None
-    if phase == "connect":
-        if "conn_start" in t:
-            return (t["conn_end"] - t["conn_start"]) if "conn_end" in t else None
-        return 0 if ("sent" in t) else None
-    if phase == "send":
-        ready = t.get("conn_end") or t.get("queued_end") or start
-        return (t["sent"] - ready) if "sent" in t else None
-    if phase == "ttfb":
-        return (t["headers"] - t["sent"]) if ("headers" in t and "sent" in t) else None
-    if phase == "ttft":
-        return (t["first_token"] - t["headers"]) if ("first_token" in t and "headers" in t) else None
-    if phase == "stream":
-        return (t["end"] - t["first_token"]) if ("end" in t and "first_token" in t) else None
-    raise KeyError(phase)
 
 
 class RecordWriter:

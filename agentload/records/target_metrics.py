@@ -2,13 +2,14 @@
 
 For report authors:
 
-    tm = load_target_metrics(run_dir)            # or load_target_metrics(run_dir, t0_ns=meta["t0_ns"])
+    tm = load_target_metrics(run_dir)            # or RunData.target_metrics (read once per run folder)
     tm.urls                                      # the endpoints scraped, in scenario order
     tm.scrapes[url]                              # {"ok": n, "failed": n, "errors": [first few messages]}
     for s in chosen_series(tm):                  # the series worth charting (see CHOSEN)
         s.url, s.name, s.labels, s.t_s, s.values # step series: value holds from t_s[i] to t_s[i+1]
-    tm.value_at(url, key, t_ns)                  # last scraped value at or before t_ns
-    fig_target_metrics(run_dir_data)             # a plotly figure, or None without target metrics
+    tm.series[(url, key)].at(t_ns)               # last scraped value at or before t_ns
+
+The chart of these series is agentload.report.target_chart.fig_target_metrics.
 
 Times `t_s` are seconds since the run's `t0_ns` (the records' clock), so they line up with
 the timeline of requests. Values are step series: a point where a value changed (plus one at the
@@ -20,12 +21,9 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
-
-if TYPE_CHECKING:
-    from agentload.records.rundir import RunData
 
 FILE = "target_metrics.jsonl"
 
@@ -105,18 +103,19 @@ class TargetMetrics:
     def family(self, url: str, name: str) -> list[Series]:
         return [s for (u, _), s in self.series.items() if u == url and s.name == name]
 
-    def value_at(self, url: str, key: str, t_ns: int) -> float | None:
-        s = self.series.get((url, key))
-        return s.at(t_ns) if s is not None else None
 
+def load_target_metrics(run_dir: Path, t0_ns: int | None = None, meta: dict[str, Any] | None = None) -> TargetMetrics:
+    """All series of every scraped URL; an empty TargetMetrics when the run scraped nothing.
 
-def load_target_metrics(run_dir: Path, t0_ns: int | None = None) -> TargetMetrics:
-    """All series of every scraped URL; an empty TargetMetrics when the run scraped nothing."""
+    `meta` is run.json's content when the caller has read it already (RunData does)."""
     run_dir = Path(run_dir)
-    try:
-        meta = orjson.loads((run_dir / "run.json").read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        meta = {}
+    if meta is None:
+        try:
+            meta = orjson.loads((run_dir / "run.json").read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            meta = {}
+        if not isinstance(meta, dict):
+            meta = {}
     if t0_ns is None:
         t0_ns = int(meta.get("t0_ns") or 0)
     order = list(((meta.get("scenario") or {}).get("target") or {}).get("metrics_urls") or [])
@@ -205,41 +204,3 @@ def chosen_series(tm: TargetMetrics, names: tuple[str, ...] | list[str] | None =
 def series_label(s: Series) -> str:
     lab = ",".join(f"{k}={v}" for k, v in s.labels.items())
     return f"{s.name}{{{lab}}}" if lab else s.name
-
-
-def fig_target_metrics(data: "RunData", names: list[str] | None = None):
-    """Chosen target series over time, one row per scraped URL, with agentload's own requests in
-    flight and stalled (from samples.jsonl) dashed on the same axes. None without target metrics."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    t0 = int(data.meta.get("t0_ns") or 0)
-    tm = load_target_metrics(data.path, t0)
-    if not tm:
-        return None
-    if names is None:
-        names = ((data.meta.get("scenario") or {}).get("target") or {}).get("metrics_series") or None
-    chosen = chosen_series(tm, names)
-    rows = len(tm.urls)
-    titles = [f"{u}  ({tm.scrapes[u]['ok']} scrapes ok, {tm.scrapes[u]['failed']} failed)" for u in tm.urls]
-    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.08)
-    samples = [s for s in data.samples if isinstance(s.get("t"), int)]
-    sx = [(s["t"] - t0) / 1e9 for s in samples]
-    own_inflight = [sum((s.get("inflight") or {}).values()) for s in samples]
-    own_stalled = [s.get("stalled", 0) for s in samples]
-    for row, url in enumerate(tm.urls, start=1):
-        for s in (x for x in chosen if x.url == url):
-            fig.add_trace(go.Scatter(x=s.t_s, y=s.values, name=series_label(s), mode="lines",
-                                     line=dict(shape="hv"), legendgroup=url), row=row, col=1)
-        if samples:
-            fig.add_trace(go.Scatter(x=sx, y=own_inflight, name="agentload: requests in flight", mode="lines",
-                                     line=dict(dash="dot", color="#888"), showlegend=row == 1,
-                                     legendgroup="own"), row=row, col=1)
-            fig.add_trace(go.Scatter(x=sx, y=own_stalled, name="agentload: stalled", mode="lines",
-                                     line=dict(dash="dash", color="#d62728"), showlegend=row == 1,
-                                     legendgroup="own2"), row=row, col=1)
-        fig.update_yaxes(title_text="value", rangemode="tozero", row=row, col=1)
-    fig.update_xaxes(title_text="seconds since the run started", row=rows, col=1)
-    fig.update_layout(template="plotly_white", height=max(320, 300 * rows), margin=dict(l=60, r=40, t=60, b=50),
-                      title=dict(text="The target's own metrics (scraped), beside agentload's view", x=0.01))
-    return fig

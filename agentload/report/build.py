@@ -10,24 +10,31 @@ from typing import Any
 
 import orjson
 
+from agentload.atomic import write_atomic
 from agentload.errors import UserError
 from agentload.redact import redact, redact_bytes
 from agentload.records.rundir import load_run
-from agentload.analysis.summary import build_summary
+from agentload.analysis.passes import one_pass
+from agentload.analysis.summary import SummaryPass, build_summary
+from agentload.report.html_view import HtmlView
 from agentload.report.text import render
 
 
 def write_reports(run_dir: Path, width: int = 120) -> tuple[dict[str, Any], str]:
     run_dir = Path(run_dir)
     data = load_run(run_dir)  # also remembers the secrets run.json's target names, from this environment
-    summary = build_summary(data)
+    from agentload.report.html import build_html  # plotly import is slow-ish: only when writing
+
+    # one pass over the records feeds the summary (and the verdict) and the HTML report
+    sp, view = SummaryPass(), HtmlView(data)
+    one_pass(data, [sp, view])
+    summary = build_summary(data, sp)
     text = redact(render(summary, width=width))
-    from agentload.report.html import write_html  # plotly import is slow-ish: only when writing
 
     try:
-        (run_dir / "summary.json").write_bytes(redact_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2)))
-        (run_dir / "report.txt").write_text(text, encoding="utf-8")
-        write_html(run_dir, data, summary)
+        write_atomic(run_dir / "summary.json", redact_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2)))
+        write_atomic(run_dir / "report.txt", text.encode("utf-8"))
+        write_atomic(run_dir / "report.html", build_html(data, summary, view).encode("utf-8"))
     except OSError as e:  # a read-only copy of a run folder, a full disk
         raise UserError(f"{run_dir}: cannot write the reports into the run folder "
                         f"({e.strerror or e.__class__.__name__}); expected a writable folder") from None

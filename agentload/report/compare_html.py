@@ -12,6 +12,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from agentload.analysis.compare import PHASE_ROWS, fmt_value
+from agentload.records.phases import COMPARE_CDF_PHASES
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
 TEMPLATE = "plotly_white"
@@ -115,7 +116,7 @@ def fig_counts(doc: dict[str, Any]) -> go.Figure:
 
 
 def fig_cdf(doc: dict[str, Any]) -> go.Figure:
-    phases = ("pool_wait", "ttfb", "e2e")
+    phases = COMPARE_CDF_PHASES
     fig = make_subplots(rows=1, cols=len(phases), subplot_titles=[f"{p}: share of requests at or below (ms)"
                                                                   for p in phases], horizontal_spacing=0.06)
     for i, v in enumerate(doc["variants"]):

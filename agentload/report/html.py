@@ -2,7 +2,9 @@
 
 A pure function of the run folder (records, run.json, samples) and the summary built from
 it, so `agentload report RUN_DIR` writes the same bytes as the end of `agentload run`: every
-figure gets a fixed div id, nothing depends on the clock or on randomness.
+figure gets a fixed div id, nothing depends on the clock or on randomness. The records are read
+once, in the pass that also builds the summary: what the charts need of them is gathered by
+`agentload.report.html_view.HtmlView` (a bounded lane sample, counters and bins).
 
 Contents, top to bottom: the verdict and its evidence (and a banner when the run was cut
 short), the run's settings, the agents' swim lanes, per-round phase percentiles, stall and
@@ -24,39 +26,20 @@ from plotly.subplots import make_subplots
 from agentload.redact import redact
 from agentload.report.text import fmt_ms
 from agentload.records import REPORT_PHASES, Record, phase_ns
+from agentload.records import phases as phase_table
 from agentload.records.rundir import RunData
-from agentload.records.target_metrics import fig_target_metrics
-from agentload.report.timeline import (GAP_KINDS, REQUEST_PHASES, Lane, build_lanes, end_phase, pick_lanes,
-                                       request_segments, run_end_ns, thin_for_drawing)
+from agentload.report.html_view import (MAX_LANES, MAX_TIMELINE_REQUESTS, HtmlView, html_view,  # noqa: F401
+                                        nice as _nice, sec as _sec)
+from agentload.report.target_chart import fig_target_metrics
+from agentload.report.timeline import (GAP_COLORS, GAP_KINDS, GAP_LABELS, REQUEST_PHASES, Lane, end_phase,
+                                       request_segments, thin_for_drawing)
 
-MAX_LANES = 150  # agent lanes drawn in the timeline; more are sampled (and the chart says so)
-MAX_TIMELINE_REQUESTS = 6000  # requests drawn in the timeline; a long run leaves out sub-pixel ones
 MAX_POINTS = 1500  # points per series in the over-time charts
 PROMPT_BINS = 24
 
-COLORS = {
-    "pool_wait": "#9467bd",
-    "connect": "#8c564b",
-    "send": "#e377c2",
-    "ttfb": "#ff7f0e",
-    "ttft": "#1f77b4",
-    "stream": "#2ca02c",
-    "e2e": "#17becf",
-    "tool": "#c7c7c7",
-    "retry_wait": "#dbdb8d",
-    "no_record": "#7f7f7f",
-}
-LABELS = {
-    "pool_wait": "pool_wait (waiting for a connection)",
-    "connect": "connect (DNS+TCP+TLS)",
-    "send": "send (request body)",
-    "ttfb": "ttfb (waiting for headers)",
-    "ttft": "ttft (waiting for the first token)",
-    "stream": "stream (decode)",
-    "tool": "tool time between rounds (client side)",
-    "retry_wait": "wait before a retry",
-    "no_record": "in flight when the run was killed (no record)",
-}
+# the phase table's colours and labels, then the timeline's gaps between requests
+COLORS = {**phase_table.COLORS, **GAP_COLORS}
+LABELS = {**phase_table.LABELS, **GAP_LABELS}
 PLOT_CONFIG = {"displaylogo": False, "responsive": True,
                "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
 TEMPLATE = "plotly_white"
@@ -69,40 +52,13 @@ def _e(v: Any) -> str:
     return html.escape("" if v is None else str(v))
 
 
-def _sec(ns: int, t0: int) -> float:
-    return round((ns - t0) / 1e9, 4)
-
-
 def _ms(v: float | None) -> str:
     return fmt_ms(v, sep=" ")
-
-
-def _nice(x: float) -> float:
-    """The smallest of 1, 2, 2.5, 5 x 10^k that is >= x."""
-    if x <= 0:
-        return 1.0
-    k = math.floor(math.log10(x))
-    for m in (1, 2, 2.5, 5, 10):
-        if m * 10 ** k >= x:
-            return m * 10 ** k
-    return 10 ** (k + 1)
 
 
 def _figure_html(fig: go.Figure, div_id: str) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG,
                        default_width="100%", default_height=f"{fig.layout.height or 450}px")
-
-
-def _t0(data: RunData) -> int:
-    t0 = data.meta.get("t0_ns")
-    if t0:
-        return int(t0)
-    starts = [r.t["start"] for r in data.records if "start" in r.t]
-    return min(starts) if starts else 0
-
-
-def _agent_records(data: RunData) -> list[Record]:
-    return [r for r in data.records if r.kind == "agent"]
 
 
 def _hover(rec: Record) -> str:
@@ -126,13 +82,14 @@ def _hover(rec: Record) -> str:
 # ---------------------------------------------------------------- timeline
 
 
-def fig_timeline(data: RunData) -> tuple[go.Figure, str | None, int]:
-    t0 = _t0(data)
-    lanes_all = build_lanes(data)
-    agents, note = pick_lanes(lanes_all, MAX_LANES)
-    canary = [ln for ln in lanes_all if ln.key < 0]
-    lanes: list[Lane] = canary + agents
-    lanes, thin_note = thin_for_drawing(lanes, MAX_TIMELINE_REQUESTS, run_end_ns(data) - t0)
+def fig_timeline(data: RunData, view: HtmlView) -> tuple[go.Figure, str | None, int]:
+    t0 = view.t0()
+    run_end = view.run_end(data.samples)
+    pick = view.lanes.pick_lanes(run_end)
+    agents, note = pick.lanes, pick.note
+    canary = view.canary_lane()
+    lanes: list[Lane] = ([canary] if canary is not None else []) + agents
+    lanes, thin_note = thin_for_drawing(lanes, MAX_TIMELINE_REQUESTS, run_end - t0, pick.hidden, pick.hidden_short)
     if thin_note:
         note = f"{note}; {thin_note}" if note else thin_note
     n = max(1, len(lanes))
@@ -199,7 +156,7 @@ def fig_timeline(data: RunData) -> tuple[go.Figure, str | None, int]:
             fig.add_trace(go.Scatter(x=mx, y=my, mode="markers", name=label, hovertext=mt, hoverinfo="text",
                                      marker=dict(symbol=sym, size=max(8, min(14, lane_px)), color=col,
                                                  line=dict(width=2, color=col))))
-    end_s = _sec(run_end_ns(data), t0)
+    end_s = _sec(run_end, t0)
     fig.add_vline(x=end_s, line=dict(color="#999", width=1, dash="dash"))
     step = max(1, math.ceil(n / 40))
     ticks = list(range(0, len(lanes), step))  # none when nothing was recorded (n is 1 then, for the height)
@@ -259,16 +216,9 @@ def table_rounds(summary: dict[str, Any]) -> str:
             f"<th>stalled</th><th>cut short</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
-def table_stalls(data: RunData) -> str:
-    recs = _agent_records(data)
-    stalls: Counter = Counter()
-    errors: Counter = Counter()
-    for r in recs:
-        if r.stalled_phase:
-            stalls[(r.round, r.stalled_phase)] += 1
-        if r.outcome == "error":
-            errors[(r.round, end_phase(r))] += 1
-    rounds = sorted({r.round for r in recs})
+def table_stalls(view: HtmlView) -> str:
+    stalls, errors = view.stalls, view.errors
+    rounds = sorted(view.rounds)
     if not stalls and not errors:
         return "<p>No request stalled or failed.</p>"
     head = "".join(f"<th>{p}</th>" for p in REQUEST_PHASES)
@@ -281,7 +231,7 @@ def table_stalls(data: RunData) -> str:
             cells.append(f"<td{cls}>{s} / {e}</td>" if s or e else "<td></td>")
         rows.append(f"<tr><th>{rnd}</th>{''.join(cells)}<td>{sum(v for (k, _), v in stalls.items() if k == rnd)} / "
                     f"{sum(v for (k, _), v in errors.items() if k == rnd)}</td></tr>")
-    by_err = Counter(r.error for r in recs if r.outcome == "error")
+    by_err = view.error_classes.counter()
     err_line = ("<p>Errors by class: " + ", ".join(f"{_e(k)} x{v}" for k, v in by_err.most_common()) + "</p>"
                 if by_err else "")
     return (f"<table class='num'><thead><tr><th>round</th>{head}<th>total</th></tr></thead>"
@@ -293,26 +243,8 @@ def table_stalls(data: RunData) -> str:
 # ---------------------------------------------------------------- prompt size
 
 
-def stall_bins(data: RunData, bins: int = PROMPT_BINS) -> list[dict[str, Any]]:
-    recs = _agent_records(data)
-    if not recs:
-        return []
-    lo = min(r.prompt_tokens for r in recs)
-    hi = max(r.prompt_tokens for r in recs)
-    width = _nice(max(1, (hi - lo) / bins))
-    base = math.floor(lo / width) * width
-    out: dict[int, dict[str, Any]] = {}
-    for r in recs:
-        i = int((r.prompt_tokens - base) // width)
-        b = out.setdefault(i, {"lo": base + i * width, "hi": base + (i + 1) * width, "n": 0, "stalled": 0, "errors": 0})
-        b["n"] += 1
-        b["stalled"] += bool(r.stalled_phase)
-        b["errors"] += r.outcome == "error"
-    return [out[i] for i in sorted(out)]
-
-
-def fig_prompt(data: RunData) -> go.Figure:
-    bins = stall_bins(data)
+def fig_prompt(view: HtmlView) -> go.Figure:
+    bins = view.stall_bins(PROMPT_BINS)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     xs = [(b["lo"] + b["hi"]) / 2 for b in bins]
     w = [(b["hi"] - b["lo"]) * 0.9 for b in bins]
@@ -358,9 +290,9 @@ def _note(fig: go.Figure, row: int, text: str) -> None:
                              hoverinfo="skip"), row=row, col=1)
 
 
-def fig_over_time(data: RunData) -> go.Figure:
-    t0 = _t0(data)
-    end_s = max(_sec(run_end_ns(data), t0), 1.0)
+def fig_over_time(data: RunData, view: HtmlView) -> go.Figure:
+    t0 = view.t0()
+    end_s, width, nb, done, toks, errs = view.ends.result(t0, view.run_end(data.samples))
     fig = make_subplots(rows=5, cols=1, shared_xaxes=True, vertical_spacing=0.045,
                         specs=[[{}], [{}], [{"secondary_y": True}], [{}], [{}]],
                         subplot_titles=("requests in flight by phase (and stalled)",
@@ -396,22 +328,7 @@ def fig_over_time(data: RunData) -> go.Figure:
         for row in (1, 2):
             _note(fig, row, "no samples.jsonl in this run folder")
 
-    recs = _agent_records(data)
-    width = _nice(max(0.05, end_s / 400))  # bins for rates: ~400 over the run, never under 50 ms
-    nb = int(end_s // width) + 1
-    done = [0] * nb
-    toks = [0] * nb
-    errs = {k: [0] * nb for k in ("error", "stalled", "cut_short")}
-    for r in recs:
-        e = r.t.get("end")
-        if e is None:
-            continue
-        i = min(nb - 1, max(0, int(_sec(e, t0) // width)))
-        if r.outcome == "ok":
-            done[i] += 1
-            toks[i] += r.output_tokens or r.token_chunks
-        else:
-            errs[r.outcome if r.outcome in errs else "error"][i] += 1
+    # rates by end time, in bins of ~1/400 of the run (never under 50 ms): gathered in the pass
     bx = [round(i * width, 4) for i in range(nb)]
     fig.add_trace(go.Scatter(x=bx, y=[v / width for v in done], name="completed req/s", mode="lines",
                              line=dict(color="#2ca02c", shape="hv")), row=3, col=1)
@@ -425,7 +342,7 @@ def fig_over_time(data: RunData) -> go.Figure:
     if not any(any(v) for v in errs.values()):
         _note(fig, 4, "no errors, stalls or cut-short requests")
 
-    canaries = [r for r in data.records if r.kind == "canary" and "start" in r.t]
+    canaries = [r for r in view.canaries() if "start" in r.t]
     ok = [r for r in canaries if r.outcome == "ok"]
     bad = [r for r in canaries if r.outcome != "ok"]
     if ok:
@@ -501,7 +418,7 @@ def settings_html(data: RunData, summary: dict[str, Any]) -> str:
     return "<div class='settings'>" + "".join(parts) + "</div>"
 
 
-def verdict_html(data: RunData, summary: dict[str, Any]) -> str:
+def verdict_html(data: RunData, summary: dict[str, Any], view: HtmlView) -> str:
     v = summary.get("verdict") or {}
     run = summary["run"]
     kind = v.get("kind", "?")
@@ -516,7 +433,7 @@ def verdict_html(data: RunData, summary: dict[str, Any]) -> str:
         out.append("<ul class='evidence'>" + "".join(f"<li>{_e(e)}</li>" for e in v["evidence"]) + "</ul>")
     if run.get("cut_short"):
         if not data.meta.get("ended", False):
-            unrecorded = sum(1 for ln in build_lanes(data) if any(g[0] == "no_record" for g in ln.gaps))
+            unrecorded = len(view.lanes.no_record_agents(view.run_end(data.samples)))
             msg = ["This run was killed: run.json never says it ended. This report covers the records on disk."]
             if unrecorded:
                 msg.append(f"{unrecorded} agent(s) had a request in flight that left no record (drawn dotted "
@@ -555,12 +472,15 @@ table.num thead th{background:#f5f5f5;text-align:center}td.bad{background:#fdece
 """
 
 
-def build_html(data: RunData, summary: dict[str, Any]) -> str:
-    """The whole report.html as one string (deterministic for a given run folder)."""
+def build_html(data: RunData, summary: dict[str, Any], view: HtmlView | None = None) -> str:
+    """The whole report.html as one string (deterministic for a given run folder). `view`: what
+    the report's pass over the records gathered for it (else a pass of its own)."""
+    if view is None:
+        view = html_view(data)
     run = summary["run"]
-    timeline, note, shown = fig_timeline(data)
-    figs = [("fig-timeline", timeline), ("fig-rounds", fig_rounds(summary)), ("fig-prompt", fig_prompt(data)),
-            ("fig-over-time", fig_over_time(data))]
+    timeline, note, shown = fig_timeline(data, view)
+    figs = [("fig-timeline", timeline), ("fig-rounds", fig_rounds(summary)), ("fig-prompt", fig_prompt(view)),
+            ("fig-over-time", fig_over_time(data, view))]
     target_fig = fig_target_metrics(data)  # [target] metrics_urls: the router's/engines' own series
     if target_fig is not None:
         figs.append(("fig-target", target_fig))
@@ -568,7 +488,7 @@ def build_html(data: RunData, summary: dict[str, Any]) -> str:
     title = f"agentload report: {run.get('scenario')} ({run.get('id')})"
     body = [
         f"<h1>{_e(title)}</h1>",
-        verdict_html(data, summary),
+        verdict_html(data, summary, view),
         "<h2>Settings</h2>", settings_html(data, summary),
         "<h2>Timeline</h2>",
         "<p class='note'>Each lane is one agent; each request is drawn as its phases, grey between rounds is the "
@@ -577,14 +497,14 @@ def build_html(data: RunData, summary: dict[str, Any]) -> str:
         + (f" <b>{_e(note)}.</b>" if note else "") + "</p>",
         rendered["fig-timeline"],
         "<h2>Per round</h2>", "<div class='scroll'>", table_rounds(summary), "</div>", rendered["fig-rounds"],
-        "<h2>Stalls and errors by round x phase</h2>", table_stalls(data),
+        "<h2>Stalls and errors by round x phase</h2>", table_stalls(view),
         "<h2>Stall probability against prompt size</h2>", rendered["fig-prompt"],
         "<h2>Over time</h2>", rendered["fig-over-time"],
         *(["<h2>The target's metrics</h2>", "<p class='note'>Scraped from [target] metrics_urls during the run "
            "(target_metrics.jsonl), on the same clock as the requests; dashed: agentload's own view.</p>",
            rendered["fig-target"]] if "fig-target" in rendered else []),
         f"<p class='note'>Rebuild with <code>agentload report {_e(str(data.path.resolve()))}</code>; "
-        f"{len(data.records):,} records, {len(data.samples):,} samples.</p>",
+        f"{view.records:,} records, {len(data.samples):,} samples.</p>",
     ]
     page = ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<title>{_e(title)}</title><style>{CSS}</style>"
@@ -598,9 +518,9 @@ def build_html(data: RunData, summary: dict[str, Any]) -> str:
 _PLOTLYJS_SLOT = "\x00agentload-plotly.js\x00"
 
 
-def write_html(run_dir: Path, data: RunData, summary: dict[str, Any]) -> Path:
+def write_html(run_dir: Path, data: RunData, summary: dict[str, Any], view: HtmlView | None = None) -> Path:
     path = Path(run_dir) / "report.html"
     tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(build_html(data, summary), encoding="utf-8")
+    tmp.write_text(build_html(data, summary, view), encoding="utf-8")
     tmp.replace(path)
     return path

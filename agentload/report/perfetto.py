@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from agentload.records.rundir import RunData, load_run
-from agentload.report.timeline import build_lanes, request_segments, run_end_ns
+from agentload.report.timeline import build_lanes, request_segments
 
 AGENTS_PID = 1
 CANARY_PID = 2
@@ -32,12 +32,13 @@ def _us(ns: int, t0: int) -> float:
 
 
 def build_trace(data: RunData) -> dict[str, Any]:
-    t0 = int(data.meta.get("t0_ns") or min((r.t.get("start", 0) for r in data.records), default=0))
+    """The trace of every request (one pass over the records; the trace itself holds them all)."""
+    lanes, run_end = build_lanes(data)
+    t0 = int(data.meta.get("t0_ns") or min((r.t.get("start", 0) for ln in lanes for r in ln.records), default=0))
     events: list[dict[str, Any]] = [
         {"name": "process_name", "ph": "M", "pid": AGENTS_PID, "tid": 0, "args": {"name": "agents"}},
         {"name": "process_sort_index", "ph": "M", "pid": AGENTS_PID, "tid": 0, "args": {"sort_index": 1}},
     ]
-    lanes = build_lanes(data)
     if any(ln.key < 0 for ln in lanes):
         events += [
             {"name": "process_name", "ph": "M", "pid": CANARY_PID, "tid": 0, "args": {"name": "canaries"}},
@@ -106,7 +107,7 @@ def build_trace(data: RunData) -> dict[str, Any]:
         "displayTimeUnit": "ms",
         "metadata": {"agentload_run": m.get("run"), "scenario": (m.get("scenario") or {}).get("source"),
                      "endpoint": m.get("endpoint"), "t0_unix": m.get("t0_unix"),
-                     "ended": bool(m.get("ended")), "duration_us": _us(run_end_ns(data), t0),
+                     "ended": bool(m.get("ended")), "duration_us": _us(run_end, t0),
                      "client": m.get("client") or (m.get("scenario") or {}).get("client")},
     }
 
