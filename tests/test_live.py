@@ -1,5 +1,5 @@
-"""The live view (plain and rich), the agent dump and stall waves, on a hand-built in-flight state;
-and the Chromium checker itself catching a broken page."""
+"""The live view (plain and rich), the agent dump and stall waves, on a hand-built in-flight state
+(the snapshot the watchdog would take of it); and the Chromium checker itself catching a broken page."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from rich.console import Console
 
 from agentload.run.context import AgentState
 from agentload.run.dump import StallWaves, format_dump
+from agentload.run.exporter import LiveCollector
 from agentload.run.live import LiveLine, PlainLive, Rates, RichLive, plain_line, rich_view
+from agentload.run.snapshot import SnapshotFeed, scan
 from agentload.records import Trace
 from devtools import check_page_sync, find_chromium
 
@@ -83,15 +86,44 @@ def test_one_dump_per_stall_wave(tmp_path):
     ctx = _ctx()
     logs: list[str] = []
     waves = StallWaves(ctx, tmp_path, log=logs.append)
-    first = waves.check()
+    first = waves.check(scan(ctx))  # the watchdog's snapshot of each tick
     assert first is not None and "stall wave 1" in first.read_text()
-    assert waves.check() is None  # still the same wave
+    assert "stall wave 1: 1 request(s) stalled (round 3 ttfb 1)" in logs[0]
+    assert waves.check(scan(ctx)) is None  # still the same wave
     stalled = ctx.inflight.pop("run1-a0-r3-c0")
-    assert waves.check() is None  # the wave is over
+    assert waves.check(scan(ctx)) is None  # the wave is over
     ctx.inflight[stalled.request_id] = stalled
-    second = waves.check()
+    second = waves.check(scan(ctx))
     assert second is not None and second != first and "stall wave 2" in second.read_text()
     assert len(list(tmp_path.glob("dump-*.txt"))) == 2 and len(logs) == 2 and str(second) in logs[1]
+
+
+class _NoWalks(dict):
+    """An in-flight registry (or agent states) that fails the test when anything walks it."""
+
+    def _walked(self, *a):
+        raise AssertionError("walked the registry outside the watchdog's pass")
+
+    values = items = keys = __iter__ = _walked
+
+
+def test_live_view_and_exporter_read_the_published_snapshot_not_the_registry():
+    ctx = _ctx()
+    feed = SnapshotFeed()
+    feed.publish(scan(ctx, seq=1))  # what the watchdog does once a tick
+    ctx.snapshots = feed
+    ctx.inflight, ctx.agent_states = _NoWalks(ctx.inflight), _NoWalks(ctx.agent_states)
+    ctx.scenario = SimpleNamespace(source="demo.toml", agents=SimpleNamespace(arrival="closed"))
+    ctx.transport = None  # the pool too comes from the snapshot
+    line = plain_line(Rates().snapshot(ctx))
+    for part in ("r2:2 r3:1", "fly 2 ttfb:1 stream:1", "STALL 1 r3/ttfb:1", "oldest a0 r3 ttfb", "pool 2/100 w0"):
+        assert part in line, (part, line)
+    reg = CollectorRegistry()
+    reg.register(LiveCollector(ctx))
+    text = generate_latest(reg).decode()
+    assert 'agentload_requests_stalled{phase="ttfb",round="3"} 1.0' in text
+    assert 'agentload_agents{phase="stream",round="2"} 1.0' in text
+    assert 'agentload_agents{phase="tool",round="2"} 1.0' in text
 
 
 def test_chromium_check_catches_console_errors_exceptions_and_network(tmp_path):

@@ -1,9 +1,11 @@
 """The state one run shares between its agents, its background tasks and whatever watches it.
 
 `RunContext` holds the scenario, the transport, the record writer, the in-flight registry (one
-Trace per request in flight), agent states, counters and the crash list; agents, the watchdog,
-the sampler, the live view, the exporter and the dumps all read it. It lives apart from the runner
-so that none of them has to import the runner back.
+Trace per request in flight), agent states, counters, the crash list, and the snapshot feed. The
+agents write the registry; the watchdog alone walks it while the run goes on, and publishes one
+snapshot per tick on `snapshots` (`agentload.run.snapshot`), which the sampler, the stall waves,
+the live view and the exporter read; the agent dump (a rare event) reads the agent states
+itself. It lives apart from the runner so that none of them has to import the runner back.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from agentload import redact
 from agentload.records import Record, RecordWriter, Trace
+from agentload.run.snapshot import LoopLag, SnapshotFeed
 
 if TYPE_CHECKING:
     from agentload.run.scenario import Scenario
@@ -87,6 +90,8 @@ class RunContext:
     crashes: list[dict[str, Any]] = field(default_factory=list)  # the first MAX_CRASH_ENTRIES
     crash_count: int = 0
     on_crash: Callable[[], None] | None = None  # rewrites run.json (set by execute)
+    snapshots: SnapshotFeed = field(default_factory=SnapshotFeed)  # the watchdog's one snapshot per tick
+    loop_lag: LoopLag = field(default_factory=LoopLag)  # measured by the "lag" job
 
     def record_crash(self, where: str, exc: BaseException, *, agent: int | None = None,
                      round: int | None = None, **extra: Any) -> None:

@@ -9,7 +9,6 @@ blocks the run for more than the time it takes to format and write the file.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import time
@@ -17,30 +16,20 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from agentload.records import phases
+from agentload.run.snapshot import current, follow
+
 if TYPE_CHECKING:
     from agentload.records import Trace
     from agentload.run.context import RunContext
+    from agentload.run.snapshot import InflightSnapshot
 
 _now = time.perf_counter_ns
 
-STALL_CHECK_S = 0.5
-
 
 def phase_since(tr: "Trace") -> int:
-    """When the request entered the phase it is in now (perf_counter_ns)."""
-    t = tr.t
-    p = tr.phase()
-    if p == "stream":
-        return t["first_token"]
-    if p == "ttft":
-        return t["headers"]
-    if p == "ttfb":
-        return t["sent"]
-    if p == "send":
-        return t.get("conn_end") or t.get("queued_end") or t.get("start", 0)
-    if p == "connect":
-        return t.get("conn_start", t.get("start", 0))
-    return t.get("queued_start", t.get("start", 0))
+    """When the request entered the phase it is in now (perf_counter_ns), by the phase table."""
+    return phases.phase_since(tr.t, tr.reused)
 
 
 def _conn(tr: "Trace | None") -> str:
@@ -143,7 +132,10 @@ def on_sigusr1(ctx: "RunContext", out_dir: Path, t0_ns: int | None = None,
 
 
 class StallWaves:
-    """Writes one dump per stall wave: when the stalled count goes from 0 to more than 0."""
+    """Writes one dump per stall wave: when the stalled count goes from 0 to more than 0.
+
+    Reads the stalled counts of the run's snapshots (`check` with each one the watchdog
+    publishes), never the in-flight registry; only the dump of a new wave walks the agents."""
 
     def __init__(self, ctx: "RunContext", out_dir: Path, t0_ns: int | None = None,
                  log: Callable[[str], None] = _stderr):
@@ -155,14 +147,14 @@ class StallWaves:
         self.waves = 0
         self.paths: list[Path] = []
 
-    def check(self) -> Path | None:
-        stalled = [tr for tr in list(self.ctx.inflight.values()) if tr.kind == "agent" and tr.stalled_phase]
-        n = len(stalled)
+    def check(self, snap: "InflightSnapshot | None" = None) -> Path | None:
+        """A new wave in `snap` (default: the run's latest snapshot)? Then its dump."""
+        where = (snap if snap is not None else current(self.ctx)).stalled
+        n = sum(where.values())
         before, self.stalled_before = self.stalled_before, n
         if n == 0 or before > 0:
             return None
         self.waves += 1
-        where = Counter((tr.round, tr.stalled_phase) for tr in stalled)
         reason = (f"stall wave {self.waves}: {n} request(s) stalled ("
                   + ", ".join(f"round {r} {p} {c}" for (r, p), c in sorted(where.items())) + ")")
         try:
@@ -176,9 +168,7 @@ class StallWaves:
 
 
 async def watch_stalls(ctx: "RunContext", out_dir: Path, t0_ns: int | None = None,
-                       log: Callable[[str], None] = _stderr, every_s: float = STALL_CHECK_S) -> None:
-    """Background task of a run: checks for a new stall wave every `every_s`."""
+                       log: Callable[[str], None] = _stderr) -> None:
+    """Background task of a run: looks for a new stall wave in every snapshot the watchdog publishes."""
     waves = StallWaves(ctx, out_dir, t0_ns, log)
-    while True:
-        await asyncio.sleep(every_s)
-        waves.check()
+    await follow(ctx.snapshots, waves.check)

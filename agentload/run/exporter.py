@@ -1,9 +1,10 @@
 """agentload's own live state in Prometheus format (`agentload run --metrics-port PORT`).
 
-Served at http://127.0.0.1:PORT/metrics by a tiny aiohttp server on the run's own event loop,
-so every scrape reads the in-flight registry consistently (no thread races) and costs
-O(agents in flight). Bound to loopback only. A soak can then sit on the same Grafana board as
-the router it tests. Families (all prefixed `agentload_`):
+Served at http://127.0.0.1:PORT/metrics by a tiny aiohttp server on the run's own event loop.
+Every scrape reads the run's latest full snapshot (`agentload.run.snapshot`: what the watchdog
+counted at the first tick of the current second), never the in-flight registry or the agents: a
+scrape costs the same with 10 or 100,000 agents. Bound to loopback only. A soak can then sit on
+the same Grafana board as the router it tests. Families (all prefixed `agentload_`):
 
     agents{round, phase}              agents working, by round and what they wait for
                                       (pool_wait, connect, send, ttfb, ttft, stream, tool, waiting)
@@ -23,8 +24,6 @@ plus the standard process_* metrics (RSS, fds, CPU).
 
 from __future__ import annotations
 
-import time
-from collections import Counter
 from typing import TYPE_CHECKING, Any, Iterator
 
 from aiohttp import web
@@ -33,76 +32,63 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from agentload.errors import UserError
+from agentload.run.snapshot import current
 
 if TYPE_CHECKING:
     from agentload.run.context import RunContext
 
-_ACTIVE = ("waiting", "request", "tool")
-
 
 class LiveCollector:
+    """Every scrape reads the run's latest full snapshot (`ctx.snapshots.latest_full`: every number
+    of one instant, at most a second old): a scrape costs O(rounds x phases), whatever the number
+    of agents or requests."""
+
     def __init__(self, ctx: "RunContext", extra: dict[str, Any] | None = None):
         self.ctx = ctx
-        self.extra = extra if extra is not None else {}  # sampler, scraper: attached by the runner
+        self.extra = extra if extra is not None else {}  # scraper: attached by the runner
 
     def collect(self) -> Iterator[Any]:
         ctx = self.ctx
-        now = time.perf_counter_ns()
+        snap = current(ctx, full=True)
         agents = GaugeMetricFamily("agentload_agents", "Agents working, by round and what they wait for",
                                    labels=["round", "phase"])
-        by: Counter[tuple[str, str]] = Counter()
-        finished: Counter[str] = Counter(getattr(ctx, "finished", None) or {})
-        for st in list(ctx.agent_states.values()):
-            if st.state in _ACTIVE:
-                ph = st.trace.phase() if (st.state == "request" and st.trace is not None) else st.state
-                by[(str(st.round), ph)] += 1
-            else:
-                finished[st.state] += 1
-        for (rnd, ph), n in sorted(by.items()):
-            agents.add_metric([rnd, ph], n)
+        for (rnd, ph), n in snap.agents.items():
+            agents.add_metric([str(rnd), ph], n)
         yield agents
         fin = GaugeMetricFamily("agentload_agents_finished", "Conversations that ended, by outcome", labels=["outcome"])
         for k in ("done", "stalled", "error", "cut_short", "crashed"):
-            fin.add_metric([k], finished.get(k, 0))
+            fin.add_metric([k], snap.finished.get(k, 0))
         yield fin
 
-        traces = [tr for tr in list(ctx.inflight.values()) if tr.kind == "agent"]
         inflight = GaugeMetricFamily("agentload_requests_in_flight", "Agent requests in flight by phase", labels=["phase"])
-        for ph, n in sorted(Counter(tr.phase() for tr in traces).items()):
+        for ph, n in sorted(snap.inflight.items()):
             inflight.add_metric([ph], n)
         yield inflight
         stalled = GaugeMetricFamily("agentload_requests_stalled",
                                     "In-flight requests with no progress for stall.after_s, by round and phase",
                                     labels=["round", "phase"])
-        for (rnd, ph), n in sorted(Counter((str(tr.round), tr.stalled_phase) for tr in traces
-                                           if tr.stalled_phase).items()):
-            stalled.add_metric([rnd, ph], n)
+        for (rnd, ph), n in snap.stalled.items():
+            stalled.add_metric([str(rnd), ph], n)
         yield stalled
-        oldest = min((tr.t.get("start", now) for tr in traces), default=now)
         yield GaugeMetricFamily("agentload_oldest_request_age_seconds", "Age of the oldest agent request in flight",
-                                value=(now - oldest) / 1e9)
+                                value=snap.oldest.age_s if snap.oldest is not None else 0.0)
 
-        c = ctx.counts
+        c = snap.counts
         req = CounterMetricFamily("agentload_requests", "Finished agent requests by outcome", labels=["outcome"])
         for k in ("ok", "error", "stalled", "cut_short"):
             req.add_metric([k], c.get(k, 0))
         yield req
         yield CounterMetricFamily("agentload_output_tokens", "Output tokens received", value=c.get("output_tokens", 0))
 
-        try:
-            pool = ctx.transport.pool_state()
-        except Exception:
-            pool = {}
+        pool = snap.pool
         pg = GaugeMetricFamily("agentload_pool_connections", "Client pool: connections in use, idle, waiters "
                                "queued, the limit (0 = unlimited) and connections opened so far", labels=["state"])
         for k in ("in_use", "idle", "waiters", "limit", "opened"):
             if k in pool:
                 pg.add_metric([k], pool[k])
         yield pg
-        sampler = self.extra.get("sampler")
-        if sampler is not None:
-            yield GaugeMetricFamily("agentload_event_loop_lag_seconds", "Largest event-loop lag in the current sample",
-                                    value=max(sampler.lag_ms, 0.0) / 1000.0)
+        yield GaugeMetricFamily("agentload_event_loop_lag_seconds", "Largest event-loop lag in the current sample",
+                                value=max(snap.lag_ms, 0.0) / 1000.0)
         scraper = self.extra.get("scraper")
         if scraper is not None:
             sc = CounterMetricFamily("agentload_target_scrapes", "Scrapes of [target] metrics_urls",
@@ -112,7 +98,7 @@ class LiveCollector:
                 sc.add_metric([url, "failed"], st["failed"])
             yield sc
         yield CounterMetricFamily("agentload_crashes", "Crashes of agentload itself: agents, background tasks, "
-                                  "the run loop (run.json crashes)", value=getattr(ctx, "crash_count", 0))
+                                  "the run loop (run.json crashes)", value=snap.crashes)
         a = ctx.scenario.agents
         yield _info(ctx.run_id, ctx.scenario.source, a.arrival)
 

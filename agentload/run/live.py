@@ -1,27 +1,26 @@
 """The live view while a run goes on, refreshed every second.
 
 A rich panel when stderr is a terminal, one short plain line per second otherwise (logs, CI,
-pipes). Both show the same snapshot: elapsed time, agents per round, requests in flight by
-phase, stalled requests by round x phase, the oldest request in flight (agent, round, phase,
-age, request id), req/s, tokens/s, errors, the client pool against its limit, and crashes of
-agentload itself when there are any.
+pipes), redrawn with each full snapshot of the run (`agentload.run.snapshot`, once a second:
+the view reads it and walks nothing). Both show the same facts: elapsed time, agents per round,
+requests in flight by phase, stalled requests by round x phase, the oldest request in flight
+(agent, round, phase, age, request id), req/s, tokens/s, errors, the client pool against its
+limit, and crashes of agentload itself when there are any.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 from agentload.records import PHASES
+from agentload.run.snapshot import current
 
 if TYPE_CHECKING:
     from agentload.run.context import RunContext
     from agentload.run.sampler import Sampler
-
-_ACTIVE = ("waiting", "request", "tool")
 
 
 @dataclass
@@ -31,7 +30,7 @@ class Snapshot:
     finished: dict[str, int]  # done / stalled / error / cut_short -> agents
     inflight: dict[str, int]  # phase -> agent requests in flight
     stalled: dict[tuple[int, str], int]  # (round, phase) -> stalled requests in flight
-    oldest: dict[str, Any] | None  # agent, round, phase, age_s, request_id
+    oldest: dict[str, Any] | None  # agent, round, phase, age_s, request_id, stalled
     req_s: float
     tok_s: float
     requests: int
@@ -44,43 +43,30 @@ class Snapshot:
 
 
 class Rates:
-    """Turns the run's running counts into per-second rates between two ticks."""
+    """Turns the run's latest full snapshot into what the live view shows, with per-second rates
+    between two of them. Never walks the in-flight registry or the agents: the watchdog's
+    snapshot (`ctx.snapshots.latest_full`) has it all."""
 
     def __init__(self) -> None:
         self.t0 = time.monotonic()
-        self.last_t = self.t0
+        self.last_t = time.perf_counter_ns()
         self.last_req = 0
         self.last_tok = 0
+        self.req_s = 0.0
+        self.tok_s = 0.0
 
     def snapshot(self, ctx: "RunContext", sampler: "Sampler | None" = None) -> Snapshot:
-        now_m = time.monotonic()
-        now = time.perf_counter_ns()
-        c = ctx.counts
-        dt = max(1e-6, now_m - self.last_t)
-        req_s = (c["requests"] - self.last_req) / dt
-        tok_s = (c["output_tokens"] - self.last_tok) / dt
-        self.last_t, self.last_req, self.last_tok = now_m, c["requests"], c["output_tokens"]
-        states = list(ctx.agent_states.values())
-        rounds = Counter(st.round for st in states if st.state in _ACTIVE)
-        finished = Counter(st.state for st in states if st.state not in _ACTIVE)
-        traces = [tr for tr in list(ctx.inflight.values()) if tr.kind == "agent"]
-        inflight = Counter(tr.phase() for tr in traces)
-        stalled = Counter((tr.round, tr.stalled_phase) for tr in traces if tr.stalled_phase)
-        oldest = None
-        if traces:
-            o = min(traces, key=lambda tr: tr.t.get("start", now))
-            oldest = {"agent": o.agent, "round": o.round, "phase": o.phase(),
-                      "age_s": (now - o.t.get("start", now)) / 1e9, "request_id": o.request_id,
-                      "stalled": o.stalled_phase is not None}
-        try:
-            pool = ctx.transport.pool_state()
-        except Exception:
-            pool = {}
-        return Snapshot(now_m - self.t0, dict(sorted(rounds.items())), dict(sorted(finished.items())),
-                        {p: inflight[p] for p in PHASES if inflight.get(p)}, dict(sorted(stalled.items())),
-                        oldest, req_s, tok_s, c["requests"], c["ok"], c["error"], c["stalled"], pool,
-                        getattr(sampler, "max_lag_ms", 0.0) if sampler is not None else 0.0,
-                        getattr(ctx, "crash_count", 0))
+        snap = current(ctx, full=True)
+        c = snap.counts
+        req, tok = c.get("requests", 0), c.get("output_tokens", 0)
+        if snap.t > self.last_t:  # the same snapshot again: the rates stay
+            dt = (snap.t - self.last_t) / 1e9
+            self.req_s, self.tok_s = (req - self.last_req) / dt, (tok - self.last_tok) / dt
+            self.last_t, self.last_req, self.last_tok = snap.t, req, tok
+        return Snapshot(time.monotonic() - self.t0, dict(snap.rounds), dict(snap.finished), dict(snap.inflight),
+                        dict(snap.stalled), snap.oldest._asdict() if snap.oldest is not None else None,
+                        self.req_s, self.tok_s, req, c.get("ok", 0), c.get("error", 0), c.get("stalled", 0),
+                        dict(snap.pool), snap.max_lag_ms, snap.crashes)
 
 
 def plain_line(s: Snapshot) -> str:

@@ -4,7 +4,8 @@ Started by `runner.execute` before any traffic and closed after the last request
 
 - `TargetScraper` (`[target] metrics_urls`) -> target_metrics.jsonl
 - `IntervalLog` -> intervals.hlog (HdrHistogram intervals of e2e and ttft; constant memory)
-- `Exporter` (`--metrics-port`) -> agentload's live state at 127.0.0.1:PORT/metrics
+- `Exporter` (`--metrics-port`) -> agentload's live state at 127.0.0.1:PORT/metrics (it reads
+  the watchdog's snapshot of each tick, `ctx.snapshots`)
 
 Their loops are handed to the runner as jobs (`Observers.jobs()`: a name and a coroutine
 function), which it runs supervised: a crash is a crash entry in run.json, then a restart.
@@ -23,7 +24,6 @@ from agentload.run.scraper import TargetScraper
 
 if TYPE_CHECKING:
     from agentload.run.context import RunContext
-    from agentload.run.sampler import Sampler
 
 
 @dataclass
@@ -47,13 +47,12 @@ class Observers:
             self.intervals.close()
 
 
-async def start_observers(ctx: "RunContext", sampler: "Sampler", out_dir: Path, meta: dict[str, Any],
+async def start_observers(ctx: "RunContext", out_dir: Path, meta: dict[str, Any],
                           metrics_port: int | None) -> Observers:
     obs = Observers()
     if metrics_port is not None:  # first: a port already in use fails the run before anything else
         obs.exporter = Exporter(ctx, metrics_port)
         port = await obs.exporter.start()
-        obs.exporter.collector.extra["sampler"] = sampler
         meta["metrics_port"] = port
         print(f"agentload: live metrics at http://127.0.0.1:{port}/metrics", file=sys.stderr, flush=True)
     tgt = ctx.scenario.target

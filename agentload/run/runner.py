@@ -12,6 +12,10 @@ restarted (a short pause, at most BACKGROUND_RESTARTS times); a watchdog that ke
 stops the run, since without it no request would be given up and the run would no longer be
 bounded by `give_up_s`.
 
+The watchdog is also the only task that walks the in-flight registry while the run goes on: once
+a tick it marks stalls, fires give-ups and publishes the tick's snapshot (`agentload.run.snapshot`,
+`ctx.snapshots`), which the sampler, the stall waves, the live view and the exporter read.
+
 Agents start in slices of at most ARRIVAL_SLICE per event-loop step (each agent allocates its
 state when its task first runs): 100,000 agents starting "all" at once must not freeze the loop
 long enough to fake connect timeouts.
@@ -28,6 +32,7 @@ import asyncio
 import functools
 import gc
 import itertools
+import math
 import os
 import platform
 import random
@@ -43,11 +48,13 @@ import aiohttp
 import orjson
 
 from agentload import __version__
+from agentload.atomic import write_atomic
 
 from agentload.run import dump
 from agentload.run.agent import attempt, run_agent
 from agentload.run.context import RunContext
 from agentload.run.sampler import Sampler
+from agentload.run.snapshot import follow, scan, stall_tick
 from agentload.run.conversation import Conversation, tool_schemas
 from agentload.run.observers import start_observers
 from agentload.records import RecordWriter, Trace
@@ -110,9 +117,7 @@ def default_out_dir(sc: Scenario, base: Path = Path("reports")) -> Path:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
-    os.replace(tmp, path)
+    write_atomic(path, orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
 
 
 def run_metadata(sc: Scenario, run_id: str, endpoint: str, embedded_mock: bool) -> dict[str, Any]:
@@ -140,22 +145,35 @@ def run_metadata(sc: Scenario, run_id: str, endpoint: str, embedded_mock: bool) 
 
 
 async def watchdog(ctx: RunContext) -> None:
-    """Marks requests with no progress for stall.after_s; fires the give-up after give_up_s."""
+    """The one walk of the in-flight registry per tick: marks requests with no progress for
+    stall.after_s, fires the give-up after give_up_s, and publishes the tick's snapshot
+    (`ctx.snapshots`) that the sampler, the stall waves, the live view and the exporter read.
+
+    Ticks are on a grid (`stall_tick`: never coarser than after_s / 4, at most 1 s); a walk that
+    runs late skips the ticks it missed rather than run back to back. The first tick of each
+    second is a full snapshot (agents and pool counted too)."""
     after = int(ctx.scenario.stall.after_s * 1e9)
     give_up = int(ctx.scenario.stall.give_up_s * 1e9)
-    tick = max(0.05, min(1.0, ctx.scenario.stall.after_s / 4))
+    tick = stall_tick(ctx.scenario.stall.after_s)
+    per_second = round(1.0 / tick)
+    feed = ctx.snapshots
+    feed.tick_s = tick
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    k = 0
+    second = 0
     while True:
-        await asyncio.sleep(tick)
-        now = _now()
-        for tr in list(ctx.inflight.values()):
-            idle = now - tr.progress_ns()
-            if idle >= after and tr.stalled_phase is None:
-                tr.stalled_phase = tr.phase()
-                tr.stalled_at = now
-            if idle >= give_up and not tr.gave_up and tr.timeout_cm is not None:
-                tr.stalled_phase = tr.stalled_phase or tr.phase()
-                tr.gave_up = True
-                tr.timeout_cm.reschedule(asyncio.get_running_loop().time())
+        k += 1
+        delay = start + k * tick - loop.time()
+        if delay < 0:  # late by more than a tick: go on from the next tick still ahead
+            k += math.ceil(-delay / tick)
+            delay = start + k * tick - loop.time()
+        await asyncio.sleep(delay)
+        full = k // per_second > second
+        if full:
+            second = k // per_second
+        feed.publish(scan(ctx, seq=feed.next_seq(), full=full, prev=feed.latest_full, after_ns=after,
+                          give_up_ns=give_up))
 
 
 async def canaries(ctx: RunContext, counter: "itertools.count[int] | None" = None) -> None:
@@ -330,7 +348,7 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
     ctx.on_crash = write_crashes
     sampler = Sampler(ctx, out_dir / f"samples{sfx}.jsonl")
     try:
-        extras = await start_observers(ctx, sampler, out_dir, meta, metrics_port)
+        extras = await start_observers(ctx, out_dir, meta, metrics_port)
     except BaseException:  # e.g. --metrics-port already taken: nothing was sent yet
         sampler.close()
         writer.close()
@@ -368,10 +386,8 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
         jobs.append(("canary", functools.partial(canaries, ctx, itertools.count())))
     jobs.extend(extras.jobs())
     if on_tick is not None:
-        async def ticker() -> None:
-            while True:
-                await asyncio.sleep(1.0)
-                on_tick(ctx, sampler)
+        async def ticker() -> None:  # with every full snapshot: once a second
+            await follow(ctx.snapshots, lambda snap: on_tick(ctx, sampler), full=True)
         jobs.append(("live", ticker))
     background = [asyncio.create_task(_supervise(ctx, name, job), name=name) for name, job in jobs]
 
@@ -453,7 +469,8 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
                                                         f"within {SHUTDOWN_GRACE_S:g} s of its cancel"))
         # Each closing step on its own: one that fails is a crash entry, the others still run and
         # run.json is still written.
-        for name, step in (("sampler", sampler.sample), ("sampler", sampler.close), ("observers", extras.close),
+        for name, step in (("snapshot", functools.partial(_final_snapshot, ctx)), ("sampler", sampler.sample),
+                           ("sampler", sampler.close), ("observers", extras.close),
                            ("transport", transport.close), ("writer", writer.close)):
             try:
                 r = step()
@@ -478,11 +495,16 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
         meta.update({"ended": True, "ended_normally": not interrupted and ended_by != "crashed",
                      "cut_short": cut_short, "ended_by": ended_by,
                      "stop_reason": ctx.stop_reason, "t_end_ns": _now(), "t_end_unix": time.time(),
-                     "records": writer.count, "max_loop_lag_ms": round(sampler.max_lag_ms, 3),
+                     "records": writer.count, "max_loop_lag_ms": round(ctx.loop_lag.max_ms, 3),
                      "crashes": list(ctx.crashes), "crash_count": ctx.crash_count})
         _write_json(out_dir / f"run{sfx}.json", meta)
         gc_restore()
     return RunOutcome(out_dir, run_id, cut_short, ctx.stop_reason, interrupts > 0, ended_by)
+
+
+def _final_snapshot(ctx: RunContext) -> None:
+    """The run's state at its end, for the last sample (the watchdog is stopped by then)."""
+    ctx.snapshots.publish(scan(ctx, seq=ctx.snapshots.next_seq(), full=True))
 
 
 async def _wait_idle_or(ctx: RunContext, tasks: set[asyncio.Task], hard: asyncio.Task, timeout: float) -> None:
