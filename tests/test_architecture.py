@@ -3,7 +3,7 @@
     cli -> compare -> run path -> records <- analysis <- report;  mock stands apart.
 
 Each package may import only the layers listed for it in ALLOWED (and the leaf modules errors,
-redact, tokens); an import circle anywhere in agentload/ fails too. Reads the source with ast:
+redact, tokens, validate, atomic, process); an import circle anywhere in agentload/ fails too. Reads the source with ast:
 imports under `if TYPE_CHECKING:` count as well, since they show what a module depends on.
 """
 
@@ -15,7 +15,8 @@ from pathlib import Path
 from helpers import REPO
 
 PKG = REPO / "agentload"
-LEAVES = {"agentload", "agentload.errors", "agentload.redact", "agentload.tokens"}
+LEAVES = {"agentload", "agentload.errors", "agentload.redact", "agentload.tokens", "agentload.validate",
+          "agentload.atomic", "agentload.process"}
 # layer -> the layers it may import (besides itself and the leaves)
 ALLOWED = {
     "records": set(),

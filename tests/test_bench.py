@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 
 import orjson
 
 from helpers import REPO
+
+pytestmark = pytest.mark.slow  # real runs of several seconds each: not in the fast tier
 
 
 def test_bench_runs_every_client_and_measures_the_timing_error(tmp_path):

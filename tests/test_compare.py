@@ -23,6 +23,8 @@ from agentload.run.transport import Transport
 
 from helpers import cli
 
+pytestmark = pytest.mark.slow  # real runs of several seconds each: not in the fast tier
+
 QUIET = dict(live=False, install_signals=False, log=lambda m: None)
 
 

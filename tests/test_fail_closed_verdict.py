@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from helpers import cli, run_scenario
+
+pytestmark = pytest.mark.slow  # real runs of several seconds each: not in the fast tier
 
 
 def test_readme_set_example_names_the_pool_from_the_records(tmp_path):

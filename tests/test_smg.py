@@ -111,7 +111,7 @@ def test_long_context_hang_on_one_backend_through_smg(tmp_path, stack):
     assert bad.stats()["hung"] == len(stalled)
     # the router's own gauges name the worker the stalled requests sat on
     ev = "\n".join(v["evidence"])
-    assert f"smg_worker_requests_active = " in ev, ev
+    assert "smg_worker_requests_active = " in ev, ev
     assert f"on worker {bad.base} while" in ev and "the hang is behind the router" in ev, ev
 
 

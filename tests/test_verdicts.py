@@ -11,6 +11,8 @@ import pytest
 
 from helpers import REPO, cli, run_scenario
 
+pytestmark = pytest.mark.slow  # real runs of several seconds each: not in the fast tier
+
 CASES = [
     # scenario, kind, phase, first_round
     ("healthy", "healthy", None, None),
@@ -129,7 +131,7 @@ def test_killed_while_hung_still_names_round_and_phase(tmp_path):
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait(10)
-    r = cli("report", str(out))
+    cli("report", str(out))
     v = orjson.loads((out / "summary.json").read_bytes())["verdict"]
     assert v["kind"] == "server_stall" and v["phase"] == "ttfb" and v["first_round"] == 4, v
     assert "killed" in v["summary"]

@@ -27,6 +27,8 @@ from agentload.run.workers import merge_meta, split
 
 from helpers import REPO, run_scenario
 
+pytestmark = pytest.mark.slow  # real runs of several seconds each: not in the fast tier
+
 AGENTS = 7
 ROUNDS = 3
 
