@@ -8,6 +8,8 @@ made in-process with monkeypatch.
 
 from __future__ import annotations
 
+import pytest
+
 import asyncio
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -152,6 +154,7 @@ def test_answer_agentload_cannot_read_becomes_an_error_record_and_a_crash_entry(
 # ---------------------------------------------------------------- case 5: background tasks
 
 
+@pytest.mark.slow
 def test_watchdog_crash_is_recorded_restarted_and_stalls_are_still_given_up(tmp_path, monkeypatch):
     real = runner.watchdog
     calls = []
@@ -300,6 +303,7 @@ def test_agents_start_in_slices_not_all_in_one_loop_step(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- case 11: how a run ended
 
 
+@pytest.mark.slow
 def test_end_at_duration_is_not_cut_short_but_cut_requests_are(tmp_path, monkeypatch):
     with FakeServer(_slow(0.05)) as srv:
         _, meta = _run(_scenario(srv.url, "agents.count=3", "agents.rounds=100000", "agents.duration_s=0.6"),

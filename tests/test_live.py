@@ -126,6 +126,7 @@ def test_live_view_and_exporter_read_the_published_snapshot_not_the_registry():
     assert 'agentload_agents{phase="tool",round="2"} 1.0' in text
 
 
+@pytest.mark.slow
 def test_chromium_check_catches_console_errors_exceptions_and_network(tmp_path):
     chromium = find_chromium()
     if chromium is None:

@@ -25,6 +25,8 @@ from agentload.run.runner import execute
 from agentload.run.scenario import load_scenario
 
 from helpers import REPO, cli, run_scenario
+
+pytestmark = pytest.mark.slow  # signals, durations and exporters: real runs of seconds each
 from smgproc import free_port, http_get
 
 WAIT_S = 60  # upper bound of any wait below (a guard against hanging, never a measured threshold)

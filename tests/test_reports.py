@@ -113,6 +113,7 @@ def _wait_for(pred, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_killed_run_sigusr1_dump_stall_wave_dump_and_report(tmp_path):
     """A hanging run: a stall wave writes a dump, SIGUSR1 writes another, then SIGKILL; the
     report rebuilt from what is on disk says the run was cut short."""
@@ -232,6 +233,7 @@ def _many_agents(run_dir: Path, copies: int) -> Path:
     return run_dir / "report.html"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["fixture", "many-agents"])
 def test_html_report_renders_in_headless_chromium_without_console_errors(tmp_path, variant):
     chromium = find_chromium()

@@ -174,6 +174,7 @@ def test_no_target_metrics_no_evidence_no_figure(tmp_path):
     assert fig_target_metrics(load_run(tmp_path)) is None
 
 
+@pytest.mark.slow
 def test_html_report_charts_the_target_metrics_and_renders_in_chromium(tmp_path):
     from devtools import check_page_sync, find_chromium
     from agentload.report.build import write_reports
