@@ -316,3 +316,44 @@ def test_aiohttp_connect_timeouts_are_classified_as_connect_timeout():
 
     assert classify_exception(aiohttp.ConnectionTimeoutError("Connection timeout to host"))[0] == "connect_timeout"
     assert classify_exception(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))[0] == "read_timeout"
+
+
+def _stall_with_canaries(outcomes: list[tuple[str, float]]) -> dict:
+    run = RunBuilder(agents=2, rounds=2)
+    run.meta["scenario"]["canary"] = {"timeout_s": 5.0}
+    run.agents_done(range(2), range(1, 2))
+    run.stalled(0, 2, "ttfb")
+    run.stalled(1, 2, "ttfb")
+    for i, (outcome, ms) in enumerate(outcomes):
+        if outcome == "ok":
+            run.add(-1, 1, kind="canary", call=i, ttfb_ms=ms / 2, ttft_ms=ms / 4, stream_ms=ms / 4)
+        else:
+            run.add(-1, 1, kind="canary", call=i, outcome=outcome, ttfb_ms=None,
+                    error="read_timeout" if outcome == "error" else "cut_short")
+    # canaries are sent after the first stalled request
+    first = min(r.t["start"] for r in run.records if r.stalled_phase)
+    for r in run.records:
+        if r.kind == "canary":
+            r.t.update({k: v + first for k, v in r.t.items()})
+    v = diagnose(run.data())
+    return next(e for e in v["evidence"] if e.startswith("canaries"))
+
+
+def test_canaries_all_quick_say_the_hang_depends_on_the_agents():
+    assert "the hang depends on the agents' state" in _stall_with_canaries([("ok", 20)] * 3)
+
+
+def test_a_canary_cut_short_at_the_end_is_not_a_failure():
+    text = _stall_with_canaries([("ok", 20), ("ok", 20), ("cut_short", 0)])
+    assert "2/2 succeeded" in text and "failed" not in text
+
+
+def test_mostly_failing_canaries_are_not_called_slow():
+    text = _stall_with_canaries([("ok", 20)] * 2 + [("error", 0)] * 8)
+    assert "2/10 succeeded" in text and "most canaries failed too" in text and "slow" not in text
+    assert "read_timeout x8 (a canary gives up at its own canary.timeout_s = 5 s)" in text
+
+
+def test_slow_canaries_say_slow_for_everyone():
+    text = _stall_with_canaries([("ok", 9000)] * 3)
+    assert "over stall.after_s (5 s) too" in text

@@ -374,6 +374,36 @@ def _fmt_phase_counts(c: Counter) -> str:
     return ", ".join(f"round {rnd} {ph}: {n}" for (rnd, ph), n in sorted(c.items()))
 
 
+def canary_evidence(f: Facts, t0: int) -> list[str]:
+    """What the canaries (a fresh connection, a short prompt, every canary.every_s) saw from t0 on.
+    A canary the run cut short at its end is neither a success nor a failure."""
+    during = [c for c in f.canaries if c.t.get("start", 0) >= t0 and c.outcome != "cut_short"]
+    if not during:
+        return []
+    ok = [c for c in during if c.outcome == "ok"]
+    failed = [c for c in during if c.outcome != "ok"]
+    med = quantile_ms([phase_ns(c.t, "e2e") for c in ok], 50)
+    quick = med is not None and med < f.after_s * 1000
+    text = (f"canaries (fresh connection, short prompt) sent after the first stalled request: "
+            f"{len(ok)}/{len(during)} succeeded" + (f", median {_ms(med)} ms" if med is not None else ""))
+    if not ok:
+        text += ": the server is not answering anyone"
+    elif len(failed) * 2 > len(during):
+        text += ": most canaries failed too, so the server is failing for everyone, not only for these agents"
+    elif not quick:
+        text += (f": canaries took over stall.after_s ({f.after_s:g} s) too, so the server is slow for everyone, "
+                 f"not only for these agents")
+    elif not failed:
+        text += ": the server is up and the hang depends on the agents' state"
+    else:
+        text += ": most canaries got through quickly, so the hang depends mostly on the agents' state"
+    if failed:
+        timeout = (f.scenario.get("canary") or {}).get("timeout_s")
+        text += (f"; failed: {fmt_counts(Counter(c.error or c.outcome for c in failed))}"
+                 + (f" (a canary gives up at its own canary.timeout_s = {timeout:g} s)" if timeout else ""))
+    return [text]
+
+
 def rule_server_stall(f: Facts) -> Finding | None:
     """No progress past the pool (ttfb, ttft, stream) for stall.after_s. A request stalled at the
     server holds its connection: with a small pool the requests behind it wait in pool_wait;
@@ -428,20 +458,7 @@ def rule_server_stall(f: Facts) -> Finding | None:
     ev.append(f"stalled requests on reused keep-alive connections: {sum(1 for r in st if r.reused)}, on new "
               f"connections: {sum(1 for r in st if r.reused is False)}")
     t0 = min(r.t.get("start", 0) for r in st)
-    during = [c for c in f.canaries if c.t.get("start", 0) >= t0]
-    if during:
-        ok = [c for c in during if c.outcome == "ok"]
-        med = quantile_ms([phase_ns(c.t, "e2e") for c in ok], 50)
-        quick = med is not None and med < f.after_s * 1000
-        text = (f"canaries (fresh connection, short prompt) sent after the first stalled request: "
-                f"{len(ok)}/{len(during)} succeeded" + (f", median {_ms(med)} ms" if med is not None else ""))
-        if ok and len(ok) == len(during) and quick:
-            text += ": the server is up and the hang depends on the agents' state"
-        elif ok and not quick:
-            text += ": canaries were slow too, so the server is slow for everyone, not only for these agents"
-        elif not ok:
-            text += ": the server is not answering anyone"
-        ev.append(text)
+    ev.extend(canary_evidence(f, t0))
     if f.pool_stalls:
         ev.append(f"{len(f.pool_stalls)} more request(s) stalled in pool_wait behind them: the stalled requests "
                   f"held the pool's connections (limit {f.limit}, up to {f.waiters_max} waiters)")

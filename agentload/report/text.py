@@ -65,7 +65,10 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
               markup=False, soft_wrap=True)
     te = summary.get("timing_error")
     if te:
-        con.print(f"timing error vs the server's own send stamp (first token seen - sent): p50 {fmt_ms(te['p50_ms'])} "
+        what = ("timing error vs the server's own send stamp (first token seen - sent)" if run.get("embedded_mock")
+                else "first token seen - the mock's own send stamp (whatever sits between them, a router or a "
+                     "proxy, counts here, not only agentload's lateness)")
+        con.print(f"{what}: p50 {fmt_ms(te['p50_ms'])} "
                   f"ms, p99 {fmt_ms(te['p99_ms'])} ms, max {fmt_ms(te['max_ms'])} ms over {te['n']} requests",
                   soft_wrap=True, markup=False)
     for url, st in (summary.get("target_metrics") or {}).items():
