@@ -67,6 +67,23 @@ def write(tmp_path, text: str):
         ("[target]\nendpoint = \"http://u:p@127.0.0.1:8000/v1\"\n", "target.endpoint", "without credentials"),
         ("[target]\nendpoint = \"http://127.0.0.1:99999/v1\"\n", "target.endpoint", "valid"),
         ("[target]\nmodel = \"\"\n", "target.model", "model name"),
+        # issue 12: request ids, assistant turns, tool_choice
+        ("[target]\nheaders = { \"x-request-id\" = \"a\" }\n", "target.headers.x-request-id",
+         "also set by target.request_id_header (each request gets its own id there; "
+         "target.request_id_header = \"\" sends none"),
+        ("[target]\nrequest_id_header = \"X-Trace\"\nheaders_env = { \"x-trace\" = \"V\" }\n",
+         "target.headers_env.x-trace", "also set by target.request_id_header"),
+        ("[target]\nrequest_id_header = true\n", "target.request_id_header", "a header name for the request id"),
+        ("[target]\nrequest_id_header = \"bad name\"\n", "target.request_id_header", "a header name"),
+        ("[target]\nrequest_id_format = \"ulid\"\n", "target.request_id_format", "'uuid', 'readable', got 'ulid'"),
+        ("[conversation]\nassistant_content = \"nil\"\n", "conversation.assistant_content",
+         "'empty', 'null', 'omit', got 'nil'"),
+        ("[conversation]\ntool_choice = \"tool_9\"\n", "conversation.tool_choice",
+         "'auto', 'required', 'none' or an offered tool's name (tool_0, tool_1, tool_2, tool_3), got 'tool_9'"),
+        ("[conversation]\ntool_choice = \"\"\n", "conversation.tool_choice", "got ''"),
+        ("[conversation]\ntools = 0\ntool_choice = \"auto\"\n", "conversation.tool_choice",
+         "the conversation offers no tools (conversation.tools = 0)"),
+        ("[mock]\ntool_call_rate = 2\n", "mock.tool_call_rate", "a number >= 0 and <= 1, got 2"),
     ],
 )
 def test_bad_scenarios_name_file_key_and_expectation(tmp_path, text, key, expect):
@@ -171,6 +188,24 @@ def test_headers_env_names_variables_and_round_trips():
     d = sc.to_dict()
     assert d["target"]["headers_env"] == {"api-key": "AZURE_KEY"}
     assert parse_scenario({k: v for k, v in d.items() if k != "source"}, sc.source) == sc
+
+
+def test_request_id_and_tool_settings_defaults_switches_and_round_trip():
+    sc = load_scenario("demo")
+    assert (sc.target.request_id_header, sc.target.request_id_format) == ("X-Request-ID", "uuid")
+    assert (sc.conversation.assistant_content, sc.conversation.tool_choice) == ("empty", None)
+    assert sc.conversation.tool_choice_json() is None
+    for off in ("false", '""'):
+        sc = load_scenario("demo", [f"target.request_id_header={off}", 'target.headers={"X-Request-ID" = "mine"}'])
+        assert sc.target.request_id_header == "" and sc.target.headers == {"X-Request-ID": "mine"}
+    sc = load_scenario("demo", ['target.request_id_header="X-Correlation-ID"', 'target.request_id_format="readable"',
+                                'target.headers={"X-Request-ID" = "mine"}', 'conversation.assistant_content="omit"',
+                                "conversation.tools=8", 'conversation.tool_choice="tool_7"'])
+    assert sc.conversation.tool_choice_json() == {"type": "function", "function": {"name": "tool_7"}}
+    d = sc.to_dict()
+    assert d["target"]["request_id_header"] == "X-Correlation-ID" and d["conversation"]["tool_choice"] == "tool_7"
+    assert parse_scenario({k: v for k, v in d.items() if k != "source"}, sc.source) == sc
+    assert load_scenario("demo", ['conversation.tool_choice="required"']).conversation.tool_choice_json() == "required"
 
 
 def test_every_packaged_scenario_loads_and_says_what_it_shows():

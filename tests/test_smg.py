@@ -84,9 +84,11 @@ def test_healthy_run_through_smg_and_request_ids_reach_the_backends(tmp_path, st
     assert sa["requests_total"] + sb["requests_total"] == len(recs)
     assert len(recs) <= 200  # each mock keeps its last 100 ids: all of them fit
     # smg forwards X-Request-ID (it drops other x-* headers); agentload's body has no `user` or
-    # `metadata`, so the id the mock logged came through the header
+    # `metadata`, so the id the mock logged came through the header: each record's id_sent (a UUID
+    # derived from its readable request_id)
     seen = set(sa["last_request_ids"]) | set(sb["last_request_ids"])
-    assert seen == {r.request_id for r in recs}
+    assert seen == {r.id_sent for r in recs}
+    assert all(r.id_sent and r.id_sent != r.request_id for r in recs)
     # the router's metrics were scraped beside the run and line up with it
     tm = load_target_metrics(tmp_path / "run")
     assert tm.urls == [smg.metrics_url] and tm.scrapes[smg.metrics_url]["ok"] >= 2

@@ -42,6 +42,10 @@ class MockConfig:
     chunk_tokens: int = setting(1, Whole(1))
     tool_call_rounds: int = 0  # 0 = tool calls in every round
     tool_calls_per_response: int = setting(1, Whole(1))
+    # share of answers that call a tool (when tools are offered and tool_choice does not decide it):
+    # 0 plays a small model that never calls one (it answers with text, finish_reason "length"
+    # when max_tokens cuts it); drawn from each request's own seeded stream
+    tool_call_rate: float = setting(1.0, _RATE)
     style: str = setting("vllm", Choice(*STYLES))
     seed: int = 0
     models: tuple[str, ...] = setting(("mock-model",), Items(Text("a model name", nonblank=True), nonempty=True,

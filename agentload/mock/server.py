@@ -17,6 +17,9 @@ Faults, in the order they are decided:
     stall_mid_stream               a gap of `for_s` once `after_tokens` tokens were sent
     drop_mid_stream_rate           the transport is aborted half-way through the body
     reject_protocol_violations     unanswered / unknown tool_call ids get a 400 (else only counted)
+    tool_call_rate                 the share of answers that call a tool (tool_choice "required" or a
+                                   named tool still forces one, "none" still forbids it): 0 plays a
+                                   model that never calls one
 
 Non-streaming requests: the whole body is sent when the last token would have been; a stall
 after headers sends status + headers and no body (no pings: they would corrupt the JSON); a
@@ -269,7 +272,8 @@ def plan_answer(cfg: MockConfig, body: dict[str, Any], round_: int, rng: random.
     choice = body.get("tool_choice")
     use_tools = bool(offered) and choice != "none" and (
         choice == "required" or isinstance(choice, dict)
-        or cfg.tool_call_rounds == 0 or round_ <= cfg.tool_call_rounds)
+        or ((cfg.tool_call_rounds == 0 or round_ <= cfg.tool_call_rounds)
+            and (cfg.tool_call_rate >= 1.0 or rng.random() < cfg.tool_call_rate)))
     if use_tools:
         if isinstance(choice, dict):
             wanted = (choice.get("function") or {}).get("name")

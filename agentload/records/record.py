@@ -31,7 +31,7 @@ class Trace:
     __slots__ = ("kind", "agent", "round", "call", "request_id", "messages", "prompt_bytes",
                  "prompt_tokens", "t", "reused", "chunks", "token_chunks", "comments", "last_token",
                  "max_gap", "max_gap_at", "stalled_phase", "stalled_at", "gave_up", "timeout_cm",
-                 "bytes_in", "server_first_token_ns", "bad_events")
+                 "bytes_in", "server_first_token_ns", "bad_events", "id_sent")
 
     def __init__(self, kind: str, agent: int, round_: int, call: int, request_id: str,
                  messages: int, prompt_bytes: int, prompt_tokens: int, intended: int | None = None):
@@ -60,6 +60,7 @@ class Trace:
         self.timeout_cm: Any = None  # asyncio.Timeout the watchdog fires on give-up
         self.server_first_token_ns: int | None = None  # the server's own send stamp, if it sent one
         self.bad_events = 0  # malformed events in the response (set by the read path)
+        self.id_sent: str | None = None  # the request id header's value, if one was sent
 
     def phase(self) -> str:
         """The phase the request is in now."""
@@ -109,6 +110,10 @@ class Record:
     # Malformed events in the response (not JSON, not a JSON object, a wrong-shaped field such as
     # a "usage" that is not an object), counted even when the request is otherwise ok.
     bad_events: int = 0
+    # The value of the request id header as sent (`[target] request_id_header`; by default a UUID
+    # derived from request_id, see agentload.run.request.sent_request_id): what a server's or
+    # router's log shows, so its lines join to this record. None: no id header was sent.
+    id_sent: str | None = None
 
     @classmethod
     def from_trace(cls, run: str, tr: Trace, *, outcome: str, status: int | None = None,
@@ -119,7 +124,8 @@ class Record:
                    tr.messages, tr.prompt_bytes, tr.prompt_tokens, server_prompt_tokens,
                    output_tokens, status, outcome, error, error_msg, tr.stalled_phase, tr.reused,
                    finish_reason, tool_calls, tr.chunks, tr.token_chunks, tr.comments,
-                   tr.max_gap, tr.max_gap_at, dict(tr.t), tr.server_first_token_ns, tr.bad_events)
+                   tr.max_gap, tr.max_gap_at, dict(tr.t), tr.server_first_token_ns, tr.bad_events,
+                   tr.id_sent)
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
@@ -136,7 +142,7 @@ class Record:
 
 
 _FIELDS = tuple(Record.__dataclass_fields__)
-_OPTIONAL = frozenset({"server_first_token_ns", "bad_events"})
+_OPTIONAL = frozenset({"server_first_token_ns", "bad_events", "id_sent"})
 
 
 class RecordWriter:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from agentload.run.context import AgentState
 from agentload.run.conversation import Conversation, agent_rng  # numpy Generator per agent
 from agentload.records import Record, Trace
-from agentload.run.request import Result, classify_exception, send
+from agentload.run.request import Result, classify_exception, send, sent_request_id
 
 if TYPE_CHECKING:
     from agentload.run.context import RunContext
@@ -65,12 +65,16 @@ def _record(ctx: "RunContext", trace: Trace, result: Result) -> Record:
 async def attempt(ctx: "RunContext", session, trace: Trace, body: bytes) -> tuple[Record, Result | None]:
     """Send one request under the give-up timeout; return its record (already written)."""
     ctx.inflight[trace.request_id] = trace
+    target = ctx.scenario.target
+    id_header = target.request_id_header
+    if id_header:  # the id the server sees, derived once per request from the readable one
+        trace.id_sent = sent_request_id(trace.request_id, target.request_id_format)
     result: Result | None = None
     bug: BaseException | None = None
     try:
         async with asyncio.timeout(None) as cm:
             trace.timeout_cm = cm
-            result = await send(session, ctx.url, body, trace)
+            result = await send(session, ctx.url, body, trace, id_header=id_header)
     except TimeoutError as e:
         if trace.gave_up:
             result = Result(None, None, "stall_give_up",
@@ -163,7 +167,7 @@ async def run_agent(ctx: "RunContext", agent: int, intended_start: int | None = 
             st.rounds_completed += 1 if (res is not None) else 0
             # The assistant turn: what the model said (model mode) or what the script decides.
             if conv_cfg.mode == "model" and res is not None and res.stream is not None:
-                assistant = res.stream.assistant_message()
+                assistant = res.stream.assistant_message(conv_cfg.assistant_content)
                 if not assistant.get("tool_calls"):
                     conv.append(assistant)
                     st.state = "done"

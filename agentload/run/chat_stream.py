@@ -64,6 +64,7 @@ __all__ = [
     "ERROR",
     "BAD_JSON",
     "ChatStream",
+    "assistant_turn",
 ]
 
 TOKEN = 1
@@ -419,16 +420,32 @@ class ChatStream:
             )
         return out
 
-    def assistant_message(self) -> dict:
-        """The assistant message a real agent appends to its history.
+    def assistant_message(self, content: str = "null") -> dict:
+        """The assistant message a real agent appends to its history (see `assistant_turn`).
 
-        ``content`` is None when empty; ``tool_calls`` is omitted when there are none;
-        ids and arguments exactly as received. Reasoning is not sent back.
+        ``content`` says how a turn with no text is sent (``conversation.assistant_content``:
+        "empty", "null" or "omit"); ``tool_calls`` is omitted when there are none; ids and
+        arguments exactly as received. Reasoning is not sent back.
         """
-        msg: dict = {"role": "assistant", "content": self.content or None}
         calls = self.tool_calls if self._calls else None
         if calls:
             for c in calls:
                 c["type"] = "function"
-            msg["tool_calls"] = calls
-        return msg
+        return assistant_turn(self.content, calls, content)
+
+
+def assistant_turn(text: str | None, calls: list | None, content: str = "empty") -> dict:
+    """An assistant turn as agentload sends it back: its text, or for a turn without text (a
+    tool-call turn) `"content": ""` (content="empty"), `null` ("null") or no content key ("omit");
+    `tool_calls` only when there are some. The one rule for scripted and model turns."""
+    if text:
+        msg: dict = {"role": "assistant", "content": text}
+    elif content == "empty":
+        msg = {"role": "assistant", "content": ""}
+    elif content == "null":
+        msg = {"role": "assistant", "content": None}
+    else:  # omit
+        msg = {"role": "assistant"}
+    if calls:
+        msg["tool_calls"] = calls
+    return msg

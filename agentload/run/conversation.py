@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from agentload.run.chat_stream import assistant_turn
 from agentload.run.scenario import ConversationConfig
 from agentload.tokens import _WORDS, message_tokens, text_tokens
 
@@ -89,6 +90,9 @@ class Conversation:
             body["stream_options"] = {"include_usage": True}
         if self.tools:
             body["tools"] = self.tools
+            choice = cfg.tool_choice_json()
+            if choice is not None:
+                body["tool_choice"] = choice
         # '{...,"messages":[' : everything but the messages, serialised once.
         self._head = orjson.dumps(body)[:-1] + b',"messages":['
         self._tools_tokens = text_tokens(orjson.dumps(self.tools).decode()) if self.tools else 0
@@ -125,12 +129,7 @@ class Conversation:
             args = orjson.dumps({"query": synthetic_text(self.rng, 4), "limit": 1 + _below(self.rng, 20)}).decode()
             calls.append({"id": f"call_a{self.agent}r{round_no}n{i}", "type": "function",
                           "function": {"name": tool, "arguments": args}})
-        msg: dict[str, Any] = {"role": "assistant", "content": None}
-        if calls:
-            msg["tool_calls"] = calls
-        else:
-            msg["content"] = synthetic_text(self.rng, 8)
-        return msg
+        return assistant_turn(None if calls else synthetic_text(self.rng, 8), calls, self.cfg.assistant_content)
 
     # ---- both modes: what the simulated tools return
 

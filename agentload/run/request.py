@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from dataclasses import dataclass
+from hashlib import sha1 as _sha1
 
 import aiohttp
 
@@ -45,6 +47,34 @@ _FIRST_BYTES = 120  # bytes of an unexpected body quoted in the error message
 _SERVER_STAMP = b'"mock_sent_ns":'
 _STREAM_KEY = b'"stream":'
 _SSE_TYPE = "text/event-stream"
+
+
+# uuid5(REQUEST_ID_NAMESPACE, readable id) is the id sent by default: a server's log line with it
+# joins to the record (`Record.id_sent`), and anyone can recompute it from `Record.request_id`.
+REQUEST_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "agentload:request-id")
+_NS_BYTES = REQUEST_ID_NAMESPACE.bytes
+
+
+def sent_request_id(readable: str, fmt: str = "uuid") -> str:
+    """The value of the request id header for the readable id `<run>-a<agent>-r<round>-c<call>`:
+    a UUID derived from it (`fmt` "uuid": servers such as llama-cpp-python answer 400 with an
+    empty body to an X-Request-ID that is not a UUID), or the readable id itself ("readable")."""
+    if fmt != "uuid":
+        return readable
+    # uuid.uuid5(REQUEST_ID_NAMESPACE, readable), written out: 2 us a request instead of 4
+    h = bytearray(_sha1(_NS_BYTES + readable.encode()).digest()[:16])
+    h[6] = (h[6] & 0x0F) | 0x50  # version 5
+    h[8] = (h[8] & 0x3F) | 0x80  # RFC 4122 variant
+    x = h.hex()
+    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+
+
+def empty_error_hint(status: int, session: aiohttp.ClientSession, id_header: str | None) -> str:
+    """The error message of an HTTP error with an empty body: the names (never the values: some are
+    secrets) of the headers agentload sent, since a server may refuse one of them without a word."""
+    names = list(dict.fromkeys([*session.headers.keys(), *([id_header] if id_header else [])]))
+    return (f"HTTP {status} with an empty body (agentload sent headers: {', '.join(names)}; "
+            f"a server may reject a header's format)")
 
 
 def wants_stream(body: bytes) -> bool:
@@ -226,13 +256,21 @@ class SSEBody:
 
 
 async def send(session: aiohttp.ClientSession, url: str, body: bytes, trace: Trace,
-               extra_headers: dict[str, str] | None = None, stream: bool | None = None) -> Result:
+               extra_headers: dict[str, str] | None = None, stream: bool | None = None,
+               id_header: str | None = "X-Request-ID") -> Result:
     """One request; the caller wraps it in the give-up timeout the watchdog can fire.
 
     `stream`: whether the body asks for a stream (None: read from the body, `wants_stream`).
+    `id_header`: the header that carries `trace.id_sent` (set by the caller, `agent.attempt`;
+    when it is not, the readable `trace.request_id` is sent and recorded); None or "": no id sent.
     """
     t = trace.t
-    headers = {"X-Request-ID": trace.request_id}
+    if id_header:
+        if trace.id_sent is None:
+            trace.id_sent = trace.request_id
+        headers = {id_header: trace.id_sent}
+    else:
+        headers = {}
     if extra_headers:
         headers.update(extra_headers)
     t["start"] = _now()
@@ -243,6 +281,9 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, trace: Tra
         if status >= 400:
             raw = await resp.read()
             t["end"] = _now()
+            if not raw.strip():
+                msg = empty_error_hint(status, session, id_header)
+                return Result(status, None, f"http_{status}", msg, _retry_after(resp))
             # redacted before it is cut: a server that echoes the key must not leave a tail of it
             msg = redact.redact(raw[:4 * _ERROR_BODY_LIMIT].decode("utf-8", "replace"))
             msg = msg.replace("\n", " ")[:_ERROR_BODY_LIMIT]

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 DIST_KINDS = ("constant", "uniform", "normal", "lognormal", "exponential")
+TOOL_CHOICES = ("auto", "required", "none")
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,17 @@ class _EnvName(Check):
         return name
 
 
+class _RequestIdHeader(Check):
+    expected = "a header name for the request id, or \"\" / false to send none"
+
+    def __call__(self, value: Any, at: At) -> str:
+        if value is False or value == "":
+            return ""
+        if not isinstance(value, str):
+            at.fail(self.expected, value)
+        return _HeaderName(literal_value=False)(value, at)
+
+
 _TIMEOUT = Number(0, above=True, why="every timeout is explicit; none is unlimited")
 
 
@@ -213,16 +225,26 @@ class TargetConfig:
     metrics_urls: list[str] = setting([], Items(_Url()))  # Prometheus endpoints scraped during the run
     metrics_every_s: float = setting(5.0, Number(0.2))
     metrics_series: list[str] = setting([])  # names/prefixes to chart (default: router/engine gauges)
+    # the header each request's id goes in ("" or false: none is sent); the id sent is a UUID derived
+    # from the readable `<run>-a<agent>-r<round>-c<call>` (servers such as llama-cpp-python answer 400 to
+    # any other X-Request-ID), or that readable id itself; records keep both (request_id, id_sent)
+    request_id_header: str = setting("X-Request-ID", _RequestIdHeader())
+    request_id_format: Literal["uuid", "readable"] = "uuid"
 
     def _validate(self, at: At) -> None:
         seen: dict[str, str] = {}
+        if self.request_id_header:
+            seen[self.request_id_header.lower()] = f"{at.key}.request_id_header"
         if self.api_key_env is not None:
             seen["authorization"] = f"{at.key}.api_key_env"
         for table in ("headers", "headers_env"):
             for name in getattr(self, table):
                 key = at / table / name
                 if name.lower() in seen:
-                    key.error(f"expected each header once; {name!r} is also set by {seen[name.lower()]}")
+                    also = seen[name.lower()]
+                    hint = (f" (each request gets its own id there; {at.key}.request_id_header = \"\" sends none, "
+                            f"and then this header is sent as written)") if also.endswith(".request_id_header") else ""
+                    key.error(f"expected each header once; {name!r} is also set by {also}{hint}")
                 seen[name.lower()] = key.key
 
 
@@ -252,6 +274,34 @@ class ConversationConfig:
     max_tokens: int = setting(64, Whole(1))
     stream: bool = True
     include_usage: bool = True
+    # an assistant turn with tool calls and no text is sent with "content": "" (empty), null, or no
+    # content key (omit); "" is what vLLM, SGLang, llama.cpp and OpenAI all accept (llama-cpp-python
+    # refuses null)
+    assistant_content: Literal["empty", "null", "omit"] = "empty"
+    # OpenAI's tool_choice: "auto", "required", "none" or the name of an offered tool (tool_0, ...);
+    # None: not sent (the server's default)
+    tool_choice: Optional[str] = setting(None, Opt(Text("'auto', 'required', 'none' or a tool name",
+                                                         nonblank=True)))
+
+    def _validate(self, at: At) -> None:
+        choice = self.tool_choice
+        if choice is None:
+            return
+        names = [f"tool_{i}" for i in range(self.tools)]
+        if not names:
+            (at / "tool_choice").error(f"expected no tool_choice: the conversation offers no tools "
+                                       f"({at.key}.tools = 0), got {choice!r}")
+        if choice not in TOOL_CHOICES and choice not in names:
+            shown = ", ".join(names[:3]) + (f", ..., {names[-1]}" if len(names) > 4 else
+                                            "".join(f", {n}" for n in names[3:]))
+            (at / "tool_choice").fail(f"'auto', 'required', 'none' or an offered tool's name ({shown})", choice)
+
+    def tool_choice_json(self) -> Any:
+        """tool_choice as the request body carries it (None: not sent)."""
+        c = self.tool_choice
+        if c is None or c in TOOL_CHOICES:
+            return c
+        return {"type": "function", "function": {"name": c}}
 
 
 @dataclass(frozen=True)
