@@ -6,9 +6,10 @@ test_fail_closed_*.py.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
-from agentload.analysis.verdict import RULES, Facts, Kind, diagnose, findings
+from agentload.analysis.verdict import RULES, Facts, FactsAccumulator, Kind, agent_outcomes, diagnose, findings
 
 from helpers import REPO
 from records_factory import RunBuilder
@@ -357,3 +358,139 @@ def test_mostly_failing_canaries_are_not_called_slow():
 def test_slow_canaries_say_slow_for_everyone():
     text = _stall_with_canaries([("ok", 9000)] * 3)
     assert "over stall.after_s (5 s) too" in text
+
+
+# ------------------------------------------------------------------ no_tool_calls (mode model)
+
+
+def model_run(agents: int = 4, rounds: int = 3, **kw) -> RunBuilder:
+    run = RunBuilder(agents=agents, rounds=rounds, **kw)
+    run.meta["scenario"]["conversation"] = {"mode": "model", "max_tokens": 32, "tools": 4, "tool_choice": None}
+    return run
+
+
+def no_tool(run: RunBuilder, agent: int, rnd: int, finish: str | None = "length", **kw):
+    """An answer that completed with text and no tool call."""
+    rec = run.ok(agent, rnd, finish_reason=finish, **kw)
+    run.records[-1] = dataclasses.replace(rec, tool_calls=0)
+    return run.records[-1]
+
+
+def test_model_answers_without_a_tool_call_before_the_last_round_are_no_tool_calls():
+    run = model_run()
+    for a in range(4):
+        no_tool(run, a, 1)
+    v = diagnose(run.data())
+    assert (v["kind"], v["first_round"], v["agents_affected"], v["agents_stopped"]) == ("no_tool_calls", 1, 4, 4)
+    assert v["summary"] == ("4 of 4 agents ended early: the model answered without a tool call in round 1 "
+                            "(finish_reason length x4); the conversation could not go on")
+    ev = "\n".join(v["evidence"])
+    assert "round 1: 4 (agents.rounds = 3)" in ev and "conversation.max_tokens = 32" in ev
+    assert "tool_choice was not sent" in ev and 'tool_choice = "required"' in ev
+    assert "completed 0 round(s) with a tool call first" in ev
+    out = agent_outcomes(run.data())
+    got = [(o["outcome"], o["no_tool_call_round"], o["finish_reason"]) for o in out]
+    assert got == [("no_tool_call", 1, "length")] * 4
+
+
+def test_no_tool_calls_names_each_round_and_finish_reason_and_the_agents_that_went_on_are_done():
+    run = model_run(agents=4, rounds=4)
+    run.agents_done(range(4), range(1, 3))
+    no_tool(run, 0, 3, finish="stop")
+    no_tool(run, 1, 2, finish="length")  # a retry of round 2 answered without a tool call
+    run.records[-1] = dataclasses.replace(run.records[-1], call=1)
+    run.agents_done(range(2, 4), range(3, 5))
+    v = diagnose(run.data())
+    assert v["kind"] == "no_tool_calls" and v["first_round"] == 2 and v["agents_stopped"] == 2
+    assert "2 of 4 agents ended early" in v["summary"] and "in rounds 2-3" in v["summary"]
+    assert "finish_reason length x1, stop x1" in v["summary"] or "finish_reason stop x1, length x1" in v["summary"]
+    assert "completed 1-2 round(s) with a tool call first" in "\n".join(v["evidence"])
+    outcomes = {o["agent"]: o["outcome"] for o in agent_outcomes(run.data())}
+    assert outcomes == {0: "no_tool_call", 1: "no_tool_call", 2: "done", 3: "done"}
+
+
+def test_no_tool_calls_near_misses_are_healthy():
+    # the last round's answer needs no tool call
+    run = model_run(rounds=2)
+    run.agents_done(range(4), range(1, 2))
+    for a in range(4):
+        no_tool(run, a, 2, finish="stop")
+    assert diagnose(run.data())["kind"] == "healthy"
+    assert {o["outcome"] for o in agent_outcomes(run.data())} == {"done"}
+    # scripted agents go on whatever the model says
+    run.meta["scenario"]["conversation"]["mode"] = "scripted"
+    run.meta["scenario"]["agents"]["rounds"] = 3
+    assert diagnose(run.data())["kind"] == "healthy"
+    # mode model stopped at duration_s between two rounds: tool calls, so duration_reached, not no_tool_call
+    run = model_run(rounds=5)
+    run.agents_done(range(4), range(1, 3))
+    run.meta["ended_by"] = "duration"
+    assert diagnose(run.data())["kind"] == "healthy"
+    assert {o["outcome"] for o in agent_outcomes(run.data())} == {"duration_reached"}
+
+
+def test_an_agent_whose_last_request_failed_is_an_error_not_a_missing_tool_call():
+    run = model_run(agents=2)
+    no_tool(run, 0, 1)
+    run.error(1, 1, "http_500")  # failed records carry no tool call either
+    v = diagnose(run.data())
+    assert kinds(run) == ["server_errors", "no_tool_calls"]  # one agent each: RULES order
+    assert v["agents_stopped"] == 1
+    assert {o["agent"]: o["outcome"] for o in agent_outcomes(run.data())} == {0: "no_tool_call", 1: "error"}
+
+
+def test_no_tool_calls_leads_when_it_stopped_more_agents():
+    run = model_run(agents=3)
+    no_tool(run, 0, 1)
+    no_tool(run, 1, 1)
+    run.error(2, 1, "http_500")
+    assert kinds(run) == ["no_tool_calls", "server_errors"]
+
+
+def test_no_tool_calls_facts_are_per_agent_not_a_list_of_records():
+    run = model_run(agents=50, rounds=3)
+    for a in range(50):
+        run.ok(a, 1)
+        no_tool(run, a, 2)
+    acc = FactsAccumulator()
+    for r in run.records:
+        acc.add(r)
+    f = Facts(run.data(), acc)
+    assert acc.troubled == [] and len(f.no_tool_call) == 50  # fine answers are not kept as records
+    assert f.no_tool_call[7] == (2, "length", 4)  # round, finish_reason, token chunks
+
+
+def test_no_tool_calls_counts_empty_answers():
+    run = model_run(agents=2)
+    no_tool(run, 0, 1, finish="stop", ttft_ms=None)  # no token at all
+    no_tool(run, 1, 1, finish="stop")
+    v = diagnose(run.data())
+    assert v["kind"] == "no_tool_calls" and "finish_reason stop x2" in v["summary"]
+    assert "1 of these answers carried no token at all (an empty answer)" in v["evidence"]
+
+
+def test_no_tool_calls_with_no_tools_offered_says_so():
+    run = model_run(agents=1)
+    run.meta["scenario"]["conversation"]["tools"] = 0
+    no_tool(run, 0, 1, finish="stop")
+    v = diagnose(run.data())
+    assert v["kind"] == "no_tool_calls"
+    assert any("offers no tools (conversation.tools = 0)" in e for e in v["evidence"])
+
+
+def test_an_error_threshold_that_is_also_a_round_boundary_says_so():
+    run = RunBuilder(agents=3, rounds=3)
+    run.agents_done(range(3), range(1, 2))
+    for a in range(3):
+        run.error(a, 2, "http_500")
+    v = diagnose(run.data())
+    thr = next(e for e in v["evidence"] if e.startswith("every request at or above"))
+    assert "the prompt size and the round cannot be told apart" in thr
+    # a request of the same round that completed below the size: the size, not the round, is the clue
+    run2 = RunBuilder(agents=3, rounds=3)
+    run2.agents_done(range(3), range(1, 2))
+    run2.ok(0, 2, prompt_tokens=150)
+    for a in (1, 2):
+        run2.error(a, 2, "http_500", prompt_tokens=400)
+    thr2 = next(e for e in diagnose(run2.data())["evidence"] if e.startswith("every request at or above"))
+    assert "cannot be told apart" not in thr2

@@ -189,3 +189,96 @@ def test_html_report_charts_the_target_metrics_and_renders_in_chromium(tmp_path)
     res = check_page_sync(page, chromium=chromium, timeout=60)
     assert res.ok, res.problems()
     assert res.ids[-1] == "fig-target" and res.drawn == res.expected == len(res.ids)
+
+
+# ---------------------------------------------------------------- routers' per-worker counters
+
+def _counter_run(tmp_path: Path, recs: list[Record], pages: list[tuple[float, dict[str, float]]]) -> Path:
+    """A run folder whose one router URL served `pages` ((seconds, {series key: value}), full scrapes)."""
+    meta = {"run": "run", "t0_ns": T0, "t0_unix": 0.0, "ended": True, "ended_normally": True,
+            "scenario": {"stall": {"after_s": 1.0, "give_up_s": 5.0}, "client": {"limit": 100},
+                         "agents": {"rounds": 3}, "conversation": {"mode": "scripted"}}}
+    (tmp_path / "run.json").write_bytes(orjson.dumps(meta))
+    (tmp_path / "records.jsonl").write_bytes(b"".join(r.to_json() + b"\n" for r in recs))
+    url = "http://127.0.0.1:29000/metrics"
+    lines = [{"t": T0 + int(t * S), "t_start": T0 + int(t * S) - 1000, "url": url, "ms": 1.0, "full": True, "v": v}
+             for t, v in pages]
+    (tmp_path / "target_metrics.jsonl").write_bytes(b"".join(orjson.dumps(l) + b"\n" for l in lines))
+    return tmp_path
+
+
+def _page(prefix: str, routed_name: str, routed: dict[str, float], ok: dict[str, float],
+          failed: dict[str, float] | None = None, retries: float = 0.0) -> dict[str, float]:
+    v = {series_key(routed_name, {"worker": w, **({"policy": "round_robin"} if prefix == "vllm_router" else {})}): n
+         for w, n in routed.items()}
+    v.update({series_key(f"{prefix}_cb_outcomes_total", {"worker": w, "outcome": "success"}): n for w, n in ok.items()})
+    v.update({series_key(f"{prefix}_cb_outcomes_total", {"worker": w, "outcome": "failure"}): n
+              for w, n in (failed or {}).items()})
+    v[series_key(f"{prefix}_retries_total" if prefix == "vllm_router" else "smg_worker_retries_total",
+                 {"route": "/v1/chat/completions"})] = retries
+    return v
+
+
+def _vr(routed, ok, failed=None, retries=0.0):
+    return _page("vllm_router", "vllm_router_policy_decisions_total", routed, ok, failed, retries)
+
+
+def test_vllm_router_unended_attempts_name_the_worker_holding_the_stalled_requests(tmp_path):
+    """vllm-router has no in-flight gauge: routed - outcomes per worker, above what an earlier
+    scrape saw (an attempt abandoned before the run never ends: it is not this run's)."""
+    recs = [_rec(a, 1, 0.1 * a, 0.1 * a + 0.2, None, "ok", 1000) for a in range(3)]
+    recs += [_rec(a, 2, 2.0, 8.0, "ttfb", "stalled", 7000) for a in range(3)]
+    w1, w2 = "http://w1", "http://w2"
+    pages = [(1.0, _vr({w1: 2, w2: 7}, {w1: 2, w2: 2})),  # 5 left on w2 by an earlier run
+             (4.0, _vr({w1: 3, w2: 10}, {w1: 3, w2: 2})),
+             (7.0, _vr({w1: 3, w2: 10}, {w1: 3, w2: 2})),
+             (9.0, _vr({w1: 3, w2: 10}, {w1: 3, w2: 2}))]
+    v = diagnose(load_run(_counter_run(tmp_path, recs, pages)))
+    assert v["kind"] == "server_stall"
+    ev = "\n".join(v["evidence"])
+    assert ("while 3 agent request(s) waited for response headers (ttfb): attempts routed and not ended "
+            "(vllm_router_policy_decisions_total - vllm_router_cb_outcomes_total, above the fewest an earlier "
+            "scrape saw) = 3 for worker http://w2, 0 for worker http://w1") in ev, ev
+    assert "the router held 3 of its 3 unended attempt(s) on worker http://w2" in ev, ev
+    assert "the router counted 3 of its 3 attempt(s) that never ended on worker http://w2 while 3 agent" in ev, ev
+
+
+def test_smg_failure_outcomes_name_the_worker_behind_server_errors(tmp_path):
+    recs = [_rec(a, 1, 0.1 * a, 0.1 * a + 0.2, None, "ok", 1000) for a in range(4)]
+    recs += [_err_rec(a, 2, 2.0, 2.1) for a in range(2)]
+    w1, w2 = "http://w1", "http://w2"
+    smg = lambda routed, ok, failed: _page("smg_worker", "smg_worker_requests_total", routed, ok, failed)  # noqa: E731
+    pages = [(0.5, smg({w1: 0, w2: 0}, {}, {})),
+             (3.0, smg({w1: 2, w2: 4}, {w1: 2, w2: 2}, {w2: 2}))]
+    v = diagnose(load_run(_counter_run(tmp_path, recs, pages)))
+    assert v["kind"] == "server_errors", v
+    ev = "\n".join(v["evidence"])
+    assert ('smg_worker_cb_outcomes_total{outcome="failure"} grew by 2 for worker http://w2, 0 for worker http://w1'
+            in ev), ev
+    assert ("the router counted 2 of its 2 failed attempt(s) on worker http://w2 while 2 agent request(s) failed "
+            "(http_500 x2): they came from that worker") in ev, ev
+
+
+def test_failures_a_router_retried_out_of_sight_are_a_warning_naming_the_worker(tmp_path):
+    """Agents saw every answer go right (healthy), but the router counted failures on one worker
+    and retried them: a warning, not a verdict (the answers agentload got were right)."""
+    from agentload.analysis.summary import build_summary
+
+    recs = [_rec(a, 1, 0.1 * a, 0.1 * a + 0.2, None, "ok", 1000) for a in range(4)]
+    w1, w2 = "http://w1", "http://w2"
+    pages = [(0.05, _vr({w1: 0, w2: 0}, {})),
+             (1.0, _vr({w1: 2, w2: 4}, {w1: 2, w2: 2}, {w2: 2}, retries=2))]
+    summary = build_summary(load_run(_counter_run(tmp_path, recs, pages)))
+    assert summary["verdict"]["kind"] == "healthy"
+    w = [x for x in summary["warnings"] if "hid" in x]
+    assert w == ['router http://127.0.0.1:29000/metrics (vllm-router) counted 2 failed attempt(s) on its workers '
+                 '(2 for worker http://w2; vllm_router_cb_outcomes_total{outcome="failure"}) and 2 retries '
+                 '(vllm_router_retries_total), while agents saw 0 server error(s): the router hid 2 failure(s) by '
+                 'retrying them; worker http://w2 is failing requests'], summary["warnings"]
+
+
+def _err_rec(agent: int, rnd: int, sent_s: float, end_s: float) -> Record:
+    t = {"start": T0 + int(sent_s * S) - 1000, "sent": T0 + int(sent_s * S), "end": T0 + int(end_s * S)}
+    t["headers"] = t["sent"] + 1000
+    return Record(1, "run", "agent", agent, rnd, 0, f"run-a{agent}-r{rnd}-c0", 3, 100, 7000, None, None,
+                  500, "error", "http_500", "HTTP 500: boom", None, True, None, 1, 5, 3, 0, 0, 0, t)

@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from agentload.analysis.passes import one_pass
-from agentload.analysis.verdict import FactsAccumulator, agent_outcomes, diagnose
+from agentload.analysis.verdict import FactsAccumulator, agent_outcomes, diagnose, is_server_error
 from agentload.records import Record
 from agentload.records.rundir import RunData
 from agentload.analysis.stats import RoundStats, SparseHistogram, percentiles_ms
-from agentload.analysis.target_evidence import scrape_summary
+from agentload.analysis.target_evidence import router_warnings, scrape_summary
 
 MIN_SAMPLES_PER_ROUND = 10
 LOOP_LAG_WARN_MS = 50.0
@@ -125,6 +125,9 @@ def warnings_for(data: RunData, rounds: dict, sp: SummaryPass) -> list[str]:
     completed = sum(st.completed for st in rounds.values())
     if 0 < completed < MIN_SAMPLES_PER_ROUND:
         w.append(f"only {completed} completed request(s) in the whole run: its percentiles are rough")
+    # a router that retried a worker's failures elsewhere: agents saw answers, the worker still failed
+    seen = sum(1 for r in sp.facts.close().troubled if r.kind == "agent" and is_server_error(r.error))
+    w.extend(router_warnings(data, seen))
     return w
 
 

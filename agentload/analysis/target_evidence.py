@@ -1,17 +1,28 @@
-"""What the target's own metrics said while agents were stalled: evidence lines for the verdict.
+"""What the target's own metrics said about the requests that went wrong: evidence lines for the
+verdict, and warnings for what a router hid from the agents.
 
-Pure function of the stalled records and target_metrics.jsonl (`RunData.target_metrics`, read
-once). For the scrape of each URL taken while the most stalled requests were waiting, it reports
-the in-flight gauges it knows (smg per worker, vLLM and SGLang engines) and what they mean:
+Pure functions of the troubled records and target_metrics.jsonl (`RunData.target_metrics`, read
+once). Two kinds of lines:
 
-- the router counted 0 active requests while agents waited for its first byte: the requests
-  are not in flight at the router (look between agentload and the router, or at its accounting);
-- the router counted them on one worker: the hang is behind the router, on that worker.
+- At one moment (`target_evidence`, for the stall rules): the scrape of each URL taken while the
+  most stalled requests were waiting, and the in-flight counts it shows (per worker for a router,
+  in total for vLLM and SGLang engines).
+- Over the run (`router_evidence`, for the stall and error rules; `router_warnings`, for
+  summary.json): per worker, what the router's counters grew by between the first and the last
+  scrape: attempts that failed, and attempts routed that never got an outcome (routed minus
+  outcomes: requests still in flight, or abandoned because the client left).
+
+Each router family is a table of its metric names and what they mean (`SMG`, `VLLM_ROUTER`) and
+one function that reads them (`_smg_at`, `_vllm_router_at` for a moment; `_counters` over the run,
+shared: both families count per worker the same way). The lines name a worker only when the
+router's numbers say it: most of the requests in question, and more than all other workers together.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 from agentload.records import Record
 from agentload.records.phases import BY_NAME, WAITING_FOR
@@ -20,8 +31,47 @@ from agentload.records.target_metrics import TargetMetrics
 if TYPE_CHECKING:
     from agentload.records.rundir import RunData
 
-# name -> (who, what it counts); the first group is per worker (label `worker`)
-ROUTER_PER_WORKER = "smg_worker_requests_active"
+
+@dataclass(frozen=True)
+class RouterFamily:
+    """One router's Prometheus names (per worker: label `worker`) and what each counts."""
+
+    name: str
+    routed: str  # counter: attempts the router sent to a worker (a retry is another attempt)
+    outcomes: str  # counter, label outcome = success | failure: attempts that ended, per worker
+    retries: str | None = None  # counter: attempts retried (not per worker)
+    active: str | None = None  # gauge: attempts in flight per worker, live
+    meaning: tuple[tuple[str, str], ...] = ()  # the table: metric -> what it means here
+
+
+# smg (SGLang's model gateway, PyPI `smg`): checked against 1.13
+SMG = RouterFamily(
+    "smg", routed="smg_worker_requests_total", outcomes="smg_worker_cb_outcomes_total",
+    retries="smg_worker_retries_total", active="smg_worker_requests_active",
+    meaning=(
+        ("smg_worker_requests_active", "attempts in flight per worker (live gauge)"),
+        ("smg_worker_requests_total", "attempts sent per worker"),
+        ("smg_worker_cb_outcomes_total", "attempts ended per worker, outcome=success|failure (failure: an error "
+                                         "status or no answer)"),
+        ("smg_worker_retries_total", "attempts retried on another worker (per endpoint, not per worker)"),
+        ("smg_admission_inflight", "requests holding an admission permit"),
+    ))
+# vllm-router (PyPI `vllm-router`, a Rust router; not vLLM's production-stack router): checked against 0.1.17.
+# It has no in-flight gauge: routed minus outcomes is what it sent a worker and never saw end.
+VLLM_ROUTER = RouterFamily(
+    "vllm-router", routed="vllm_router_policy_decisions_total", outcomes="vllm_router_cb_outcomes_total",
+    retries="vllm_router_retries_total",
+    meaning=(
+        ("vllm_router_policy_decisions_total", "attempts routed per worker (label policy too)"),
+        ("vllm_router_cb_outcomes_total", "attempts ended per worker, outcome=success|failure; none is counted "
+                                          "for an attempt the client abandoned"),
+        ("vllm_router_retries_total", "attempts retried (per route, not per worker): a worker's 5xx is retried "
+                                      "on another worker by default"),
+        ("vllm_router_worker_health", "1 while the worker passes its health check"),
+    ))
+ROUTERS = (SMG, VLLM_ROUTER)
+
+# engine gauges read at the stall moment: name -> (who, what it counts)
 GAUGES = {
     "smg_admission_inflight": ("router", "requests holding an admission permit"),
     "vllm:num_requests_running": ("engine", "running requests"),
@@ -29,6 +79,7 @@ GAUGES = {
     "sglang:num_running_reqs": ("engine", "running requests"),
     "sglang:num_queue_reqs": ("engine", "queued requests"),
 }
+ROUTER_PER_WORKER = SMG.active  # kept for callers of the first version
 # what a request stalled in a server phase waited for (the phase table's `waiting_for`)
 _WAIT = {ph: f"waited for {what} ({ph})" for ph, what in WAITING_FOR.items()}
 
@@ -37,6 +88,212 @@ def _fmt(v: float | None) -> str:
     if v is None:
         return "n/a"
     return f"{v:.0f}" if float(v).is_integer() else f"{v:.2f}"
+
+
+def family_of(tm: TargetMetrics, url: str) -> RouterFamily | None:
+    """The router family whose per-worker counters this URL serves (None: not a router we know)."""
+    names = {s.name for (u, _), s in tm.series.items() if u == url}
+    return next((fam for fam in ROUTERS if fam.routed in names or fam.outcomes in names), None)
+
+
+def _per_worker(tm: TargetMetrics, url: str, name: str, t: int, keep: Callable[[dict], bool] | None = None
+                ) -> Counter:
+    """{worker: sum of the series of `name` at `t`} (a series not yet there counts 0)."""
+    out: Counter = Counter()
+    for s in tm.family(url, name):
+        if keep is None or keep(s.labels):
+            out[s.labels.get("worker", "?")] += s.at(t) or 0.0
+    return out
+
+
+def _grew(tm: TargetMetrics, url: str, name: str, t0: int, t1: int, keep: Callable[[dict], bool] | None = None
+          ) -> Counter:
+    """{worker: how much `name` grew from t0 to t1}; a counter that went down (a restart) counts from 0."""
+    a, b = _per_worker(tm, url, name, t0, keep), _per_worker(tm, url, name, t1, keep)
+    out: Counter = Counter()
+    for w in set(a) | set(b):
+        d = b[w] - a[w]
+        out[w] = d if d >= 0 else b[w]
+    return out
+
+
+def _failure(labels: dict) -> bool:
+    return labels.get("outcome") == "failure"
+
+
+def _unfinished(fam: RouterFamily, tm: TargetMetrics, url: str, times: list[int], t: int) -> Counter:
+    """{worker: attempts routed and not ended at `t`, above the fewest any scrape up to `t` saw}.
+
+    Routed minus ended is cumulative: it also holds attempts abandoned before the run (a router
+    counts no outcome for those, ever). They never end, so the fewest seen at any scrape bounds
+    them; at a scrape that found the worker idle it is exactly them. The first scrape alone is no
+    baseline: it races the run's first requests."""
+    def unended(at: int) -> Counter:
+        routed, ended = _per_worker(tm, url, fam.routed, at), _per_worker(tm, url, fam.outcomes, at)
+        return Counter({w: routed[w] - ended[w] for w in set(routed) | set(ended)})
+
+    now = unended(t)
+    earlier = [unended(at) for at in times if at < t]  # a worker not yet on the page had 0 then
+    return Counter({w: max(0.0, now[w] - min([e[w] for e in earlier] + [now[w]])) for w in now})
+
+
+def _per_text(c: Counter, workers: list[str]) -> str:
+    """`11 for worker A, 0 for worker B`: the largest first, every worker the router knows."""
+    order = sorted(workers, key=lambda w: (-c[w], w))
+    return ", ".join(f"{_fmt(c[w])} for worker {w}" for w in order)
+
+
+def _top(c: Counter, k: int | None = None) -> tuple[str, float] | None:
+    """The worker holding most of `c`, when it holds more than all others together (and at least
+    half of `k`, the agent requests in question, when given)."""
+    total = sum(c.values())
+    if not total:
+        return None
+    w, v = max(c.items(), key=lambda x: (x[1], x[0]))
+    if v > total - v and (k is None or v >= k / 2):
+        return w, v
+    return None
+
+
+def _workers(tm: TargetMetrics, url: str, fam: RouterFamily) -> list[str]:
+    return sorted({s.labels.get("worker", "?") for name in (fam.routed, fam.outcomes, fam.active) if name
+                   for s in tm.family(url, name)})
+
+
+# ---------------------------------------------------------------- at the stall moment, per family
+
+
+def _held(url_total: float, top: tuple[str, float], k: int, what: str, unit: str) -> str:
+    return (f"the router held {_fmt(top[1])} of its {_fmt(url_total)} {unit} on worker {top[0]} while {k} agent "
+            f"request(s) {what}: the hang is behind the router, on that worker")
+
+
+def _smg_at(tm: TargetMetrics, url: str, t: int, k: int, what: str, when: str) -> list[str]:
+    """smg's live per-worker gauge at the stall moment."""
+    if not tm.family(url, SMG.active):
+        return []
+    c = _per_worker(tm, url, SMG.active, t)
+    out = [f"router {url} at {when}, while {k} agent request(s) {what}: {SMG.active} = "
+           f"{_per_text(c, list(c))}"]
+    total = sum(c.values())
+    if total == 0:
+        out.append(f"the router reported 0 active requests for every worker while {k} agent request(s) "
+                   f"{what}: the stalled requests were not in flight at the router; look between "
+                   f"agentload and the router (a proxy, the client) or at the router's own accounting")
+    else:
+        top = _top(c, k)
+        if top:
+            out.append(_held(total, top, k, what, "active request(s)"))
+    return out
+
+
+def _vllm_router_at(tm: TargetMetrics, url: str, t: int, k: int, what: str, when: str, times: list[int]
+                    ) -> list[str]:
+    """vllm-router has no in-flight gauge: attempts routed since the first scrape without an outcome."""
+    fam = VLLM_ROUTER
+    if not tm.family(url, fam.routed):
+        return []
+    c = _unfinished(fam, tm, url, times, t)
+    out = [f"router {url} at {when}, while {k} agent request(s) {what}: attempts routed and not ended "
+           f"({fam.routed} - {fam.outcomes}, above the fewest an earlier scrape saw) = {_per_text(c, _workers(tm, url, fam))}"]
+    total = sum(c.values())
+    if total == 0:
+        out.append(f"the router had seen every attempt it routed end while {k} agent request(s) {what}: the "
+                   f"stalled requests were not in flight at the router; look between agentload and the router "
+                   f"or at the router's own accounting")
+    else:
+        top = _top(c, k)
+        if top:
+            out.append(_held(total, top, k, what, "unended attempt(s)"))
+    return out
+
+
+# ---------------------------------------------------------------- over the run, per worker
+
+
+def _span(tm: TargetMetrics, url: str) -> tuple[int, int] | None:
+    times = tm.scrape_times.get(url) or []
+    return (times[0], times[-1]) if len(times) >= 2 else None
+
+
+def _counters(fam: RouterFamily, tm: TargetMetrics, url: str, bad: list[Record], what: str, kind: str) -> list[str]:
+    """Per worker, from the first scrape to the last: failed attempts, and attempts never ended.
+    `bad`: the agent requests in question (`what` says what happened to them); `kind`: "error" or
+    "stall", which of the two counts explains them."""
+    span = _span(tm, url)
+    if span is None:
+        return []
+    t0, t1 = span
+    when = f"+{(t0 - tm.t0_ns) / 1e9:.1f} .. +{(t1 - tm.t0_ns) / 1e9:.1f} s"
+    workers = _workers(tm, url, fam)
+    failed = _grew(tm, url, fam.outcomes, t0, t1, _failure)
+    unended = _unfinished(fam, tm, url, tm.scrape_times[url], t1)
+    k = len(bad)
+    out = []
+    if sum(failed.values()):
+        out.append(f"router {url} ({fam.name}) counted failed attempts over the run ({when}): "
+                   f"{fam.outcomes}{{outcome=\"failure\"}} grew by {_per_text(failed, workers)}")
+    if sum(unended.values()):
+        out.append(f"router {url} ({fam.name}) routed attempts that never ended over the run ({when}): "
+                   f"{fam.routed} - {fam.outcomes} = {_per_text(unended, workers)} at the last scrape, above the "
+                   f"fewest an earlier scrape saw (in flight then, or abandoned when the client gave up)")
+    main = failed if kind == "error" else unended
+    top = _top(main, k)
+    if top and k:
+        noun = "failed attempt(s)" if kind == "error" else "attempt(s) that never ended"
+        out.append(f"the router counted {_fmt(top[1])} of its {_fmt(sum(main.values()))} {noun} on worker {top[0]} "
+                   f"while {k} agent request(s) {what}: they came from that worker")
+    return out
+
+
+def router_evidence(data: "RunData", bad: list[Record], kind: str, tm: TargetMetrics | None = None) -> list[str]:
+    """What each router's per-worker counters said over the run about `bad` (the agent requests a
+    rule is about): kind "error" (server errors, disconnects, bad responses) or "stall"."""
+    tm = tm if tm is not None else data.target_metrics
+    if not tm or not bad:
+        return []
+    if kind == "stall":
+        what = "stalled"
+    else:
+        what = f"failed ({', '.join(f'{e} x{n}' for e, n in Counter(r.error for r in bad).most_common())})"
+    out: list[str] = []
+    for url in tm.urls:
+        fam = family_of(tm, url)
+        if fam is not None:
+            out.extend(_counters(fam, tm, url, bad, what, kind))
+    return out
+
+
+def router_warnings(data: "RunData", seen: int, tm: TargetMetrics | None = None) -> list[str]:
+    """Failures a router counted that agents never saw (it retried them on another worker): one
+    warning per router, naming the failing worker(s) and the counts. `seen`: the server errors
+    (HTTP errors and in-band error events) agents got."""
+    tm = tm if tm is not None else data.target_metrics
+    if not tm:
+        return []
+    out = []
+    for url in tm.urls:
+        fam = family_of(tm, url)
+        span = _span(tm, url)
+        if fam is None or span is None:
+            continue
+        failed = _grew(tm, url, fam.outcomes, *span, _failure)
+        n = sum(failed.values())
+        if n <= seen:
+            continue
+        retried = 0.0
+        if fam.retries:
+            retried = sum(_grew(tm, url, fam.retries, *span).values())
+        workers = [w for w, v in failed.most_common() if v]
+        out.append(f"router {url} ({fam.name}) counted {_fmt(n)} failed attempt(s) on its workers "
+                   f"({_per_text(failed, workers)}; {fam.outcomes}{{outcome=\"failure\"}}) and "
+                   f"{_fmt(retried)} retr{'y' if retried == 1 else 'ies'} ({fam.retries}), while agents saw {seen} "
+                   f"server error(s): the router hid {_fmt(n - seen)} failure(s) by retrying them; worker "
+                   f"{workers[0]} is failing requests")
+    return out
+
+
+# ---------------------------------------------------------------- the stall rule's lines
 
 
 def stall_windows(stalled: list[Record], after_s: float) -> list[tuple[int, int, str]]:
@@ -85,33 +342,16 @@ def target_evidence(data: "RunData", stalled: list[Record], tm: TargetMetrics | 
         phases = sorted({w[2] for w in best})
         what = _WAIT.get(phases[0], "were stalled") if len(phases) == 1 else "were stalled"
         when = f"+{(best_t - t0) / 1e9:.1f} s"
-        workers = tm.family(url, ROUTER_PER_WORKER)
-        if workers:
-            vals = sorted(((s.labels.get("worker", "?"), s.at(best_t)) for s in workers),
-                          key=lambda x: -(x[1] or 0))
-            total = sum(v or 0 for _, v in vals)
-            per = ", ".join(f"{_fmt(v)} for worker {w}" for w, v in vals)
-            out.append(f"router {url} at {when}, while {k} agent request(s) {what}: "
-                       f"{ROUTER_PER_WORKER} = {per}")
-            if total == 0:
-                out.append(f"the router reported 0 active requests for every worker while {k} agent request(s) "
-                           f"{what}: the stalled requests were not in flight at the router; look between "
-                           f"agentload and the router (a proxy, the client) or at the router's own accounting")
-            else:
-                top_w, top_v = vals[0]
-                rest = total - (top_v or 0)
-                if top_v and top_v >= k / 2 and top_v > rest:
-                    out.append(f"the router held {_fmt(top_v)} of its {_fmt(total)} active request(s) on worker "
-                               f"{top_w} while {k} agent request(s) {what}: the hang is behind the router, "
-                               f"on that worker")
+        out.extend(_smg_at(tm, url, best_t, k, what, when))
+        out.extend(_vllm_router_at(tm, url, best_t, k, what, when, times))
         for name, (who, label) in GAUGES.items():
             fam = tm.family(url, name)
             if not fam:
                 continue
-            vals2 = [s.at(best_t) for s in fam]
-            total2 = sum(v or 0 for v in vals2)
+            total2 = sum(s.at(best_t) or 0 for s in fam)
             out.append(f"{who} {url} at {when}, while {k} agent request(s) {what}: {name} = {_fmt(total2)} "
                        f"{label}")
+    out.extend(router_evidence(data, stalled, "stall", tm))
     return out
 
 

@@ -25,7 +25,7 @@ from agentload.records.phases import SERVER_PHASES
 from agentload.analysis.passes import one_pass, order_key
 from agentload.analysis.stats import SparseHistogram, fmt_ms as _ms, pct_ms, quantile_ms
 from agentload.analysis.tallies import FirstSeenCounts, SizeCounts, Spans
-from agentload.analysis.target_evidence import target_evidence
+from agentload.analysis.target_evidence import router_evidence, target_evidence
 
 if TYPE_CHECKING:
     from agentload.records.rundir import RunData
@@ -46,6 +46,7 @@ class Kind(str, Enum):
     SERVER_ERRORS = "server_errors"  # HTTP errors or in-band error events
     BAD_RESPONSES = "bad_responses"  # answers agentload could not read as the protocol says
     OTHER_ERRORS = "other_errors"  # request failures of a class no other rule explains
+    NO_TOOL_CALLS = "no_tool_calls"  # mode model: the model answered without a tool call, agents ended early
 
 
 SATURATION_LAG_MS = 200.0  # event-loop lag at which agentload's own timings stop meaning much
@@ -99,7 +100,8 @@ class AgentTally:
     "stopped" read. Its last request (by round, then call, then the requests' order) is kept as
     a record only when it went wrong; otherwise its round and tool calls are enough."""
 
-    __slots__ = ("requests", "ok_rounds", "_fine", "stalls", "last_order", "last", "last_round", "last_tools")
+    __slots__ = ("requests", "ok_rounds", "_fine", "stalls", "last_order", "last", "last_round", "last_tools",
+                 "last_finish", "last_tokens")
 
     def __init__(self) -> None:
         self.requests = 0
@@ -110,6 +112,8 @@ class AgentTally:
         self.last: Record | None = None
         self.last_round = 0
         self.last_tools = 0
+        self.last_finish: str | None = None  # the last request's finish_reason
+        self.last_tokens = 0  # ... and its token chunks
 
     def completed(self, rnd: int, stalled: bool) -> None:
         """A request of round `rnd` completed (after a stall, or not)."""
@@ -126,6 +130,12 @@ class AgentTally:
     def fine_rounds(self) -> Spans:
         """Rounds with a request that completed without a stall."""
         return self.ok_rounds if self._fine is None else self._fine
+
+    def ended_without_tool_call(self, max_rounds: int) -> bool:
+        """In mode model: its last request completed before the last round with no tool call, so the
+        agent had nothing to go on with (agent.run_agent ends the conversation there)."""
+        return ((self.last is None or self.last.outcome == "ok") and self.last_tools == 0
+                and 0 < self.last_round < max_rounds)
 
 
 def _troubled(r: Record) -> bool:
@@ -187,7 +197,8 @@ class FactsAccumulator:
         order = (r.round, r.call, key)
         if order >= st.last_order:
             st.last_order, st.last = order, (r if bad else None)
-            st.last_round, st.last_tools = r.round, r.tool_calls
+            st.last_round, st.last_tools, st.last_finish, st.last_tokens = (r.round, r.tool_calls, r.finish_reason,
+                                                                            r.token_chunks)
         ns = phase_ns(t, "pool_wait", r.reused)
         if ns is not None:
             self.pool_wait.record_ns(ns)
@@ -282,6 +293,14 @@ class Facts:
         # the last record of each agent, where it went wrong: what its conversation ended on
         self.last = {a: st.last for a, st in acc.agent_state.items() if st.last is not None}
         self.waited = acc.waited
+        # mode model: agents whose model answered without a tool call before the last round, with
+        # that round, the answer's finish_reason and its token chunks (their conversation could not go on)
+        self.max_rounds = int((sc.get("agents") or {}).get("rounds") or 0)
+        self.model_mode = (sc.get("conversation") or {}).get("mode") == "model"
+        crashed = {c.get("agent") for c in self.meta.get("crashes") or [] if c.get("where") == "agent"}
+        self.no_tool_call: dict[int, tuple[int, str | None, int]] = {
+            a: (st.last_round, st.last_finish, st.last_tokens) for a, st in acc.agent_state.items()
+            if self.model_mode and a not in crashed and st.ended_without_tool_call(self.max_rounds)}
 
     def stopped_by(self, pred: Callable[[Record], bool]) -> set[int]:
         """Agents whose last request failed in a way `pred` accepts (their conversation ended there)."""
@@ -532,6 +551,11 @@ def _error_finding(f: Facts, kind: Kind, errs: list[Record], summary: str, phase
                         + f"; {len(stopped)} agent(s) stopped on them (error_retries exhausted)")
     thr_text, thr = _threshold_evidence(errs, f.fine_prompts, "failed")
     if thr is not None and thr_text:
+        first = min(by_round)
+        later_fine = any(st.fine_rounds.hi and st.fine_rounds.hi[-1] >= first for st in f.acc.agent_state.values())
+        if not later_fine:  # every request from that round on failed: size and round say the same thing
+            thr_text += (f"; but no request completed from round {first} on either, so the prompt size and the "
+                         f"round cannot be told apart here")
         fnd.evidence.append(thr_text)
     return fnd
 
@@ -566,6 +590,7 @@ def rule_disconnects(f: Facts) -> Finding | None:
         fnd.evidence.append(f"{len(stale)} POST(s) on a reused keep-alive connection closed before headers: aiohttp "
                             f"does not retry these; the server's keep-alive timeout is shorter than the client's "
                             f"({ka} s)")
+    fnd.evidence.extend(router_evidence(f.data, errs, "error"))  # the worker, where the router's counters say it
     return fnd
 
 
@@ -582,6 +607,7 @@ def rule_server_errors(f: Facts) -> Finding | None:
     if any(r.error == "http_404" for r in errs) and "/v1" not in urlparse(endpoint).path:
         fnd.evidence.append(f"HTTP 404 from {endpoint}: the endpoint has no /v1 in its path; OpenAI-compatible servers "
                             f"serve /v1/chat/completions (try --endpoint {endpoint.rstrip('/')}/v1)")
+    fnd.evidence.extend(router_evidence(f.data, errs, "error"))  # the worker, where the router's counters say it
     return fnd
 
 
@@ -608,6 +634,7 @@ def rule_bad_responses(f: Facts) -> Finding | None:
     if odd:
         fnd.evidence.append(f"{sum(r.bad_events for r in odd)} malformed event(s) in {len(odd)} answer(s) that "
                             f"otherwise completed")
+    fnd.evidence.extend(router_evidence(f.data, errs or odd, "error"))  # the worker, where the router's counters say it
     return fnd
 
 
@@ -622,6 +649,49 @@ def rule_other_errors(f: Facts) -> Finding | None:
                          f"requests failed: {len(errs)} of {f.requests} ({fmt_counts(Counter(r.error for r in errs))})",
                          None)
     fnd.evidence.append(f"sample message: {errs[0].error_msg}")
+    return fnd
+
+
+def rule_no_tool_calls(f: Facts) -> Finding | None:
+    """mode = "model": an agent goes on only when the model calls a tool. One that answered without
+    a tool call before the last round ended its conversation there: a run of one round is not the
+    multi-round load asked for, whatever the latencies say."""
+    ended = f.no_tool_call
+    if not ended:
+        return None
+    by_round = Counter(rnd for rnd, _, _ in ended.values())
+    finish = Counter(fr if fr is not None else "none" for _, fr, _ in ended.values())
+    lo, hi = min(by_round), max(by_round)
+    where = f"round {lo}" if lo == hi else f"rounds {lo}-{hi}"
+    n = len(ended)
+    fnd = Finding(Kind.NO_TOOL_CALLS,
+                  f"{n} of {len(f.agents)} agents ended early: the model answered without a tool call in {where} "
+                  f"(finish_reason {fmt_counts(finish)}); the conversation could not go on",
+                  None, lo, n, n)
+    conv = f.scenario.get("conversation") or {}
+    ev = fnd.evidence
+    ev.append(f"answers without a tool call that ended a conversation, by round: "
+              + ", ".join(f"round {k}: {v}" for k, v in sorted(by_round.items()))
+              + f" (agents.rounds = {f.max_rounds}); conversation.mode = \"model\" goes on only when the model "
+                f"calls a tool")
+    if finish.get("length"):
+        ev.append(f"finish_reason length: {finish['length']} answer(s) ran into conversation.max_tokens = "
+                  f"{conv.get('max_tokens')} before any tool call")
+    empty = sum(1 for _, _, tokens in ended.values() if not tokens)
+    if empty:
+        ev.append(f"{empty} of these answers carried no token at all (an empty answer)")
+    if conv.get("tools") == 0:
+        ev.append("the conversation offers no tools (conversation.tools = 0): the model cannot call one")
+    else:
+        choice = conv.get("tool_choice")
+        ev.append((f"conversation.tool_choice = \"{choice}\" was sent" if choice is not None else
+                   "conversation.tool_choice was not sent (the server's default)")
+                  + "; tool_choice = \"required\" or a tool's name (\"tool_0\") asks the server for a tool call "
+                    "(llama-cpp-python takes a name, not \"required\"), or mode = \"scripted\" keeps the agents "
+                    "going whatever the model says")
+    done = [f.fine_rounds_before(a, rnd) for a, (rnd, _, _) in ended.items()]
+    ev.append(f"each of them completed {min(done) if min(done) == max(done) else f'{min(done)}-{max(done)}'} "
+              f"round(s) with a tool call first")
     return fnd
 
 
@@ -652,6 +722,7 @@ RULES: list[Callable[[Facts], Finding | None]] = [
     rule_server_errors,
     rule_bad_responses,
     rule_other_errors,
+    rule_no_tool_calls,
     rule_killed_while_stalled,
 ]
 
@@ -743,7 +814,10 @@ def agent_outcomes(data: "RunData", acc: FactsAccumulator | None = None) -> list
             entry["outcome"] = "cut_short"
         elif last is not None and last.outcome == "error":
             entry.update(outcome="error", error=last.error, error_round=last.round)
-        elif st.last_round < max_rounds and not (model_mode and st.last_tools == 0):
+        elif model_mode and st.ended_without_tool_call(max_rounds):
+            # the model answered without a tool call: the conversation had nothing to go on with
+            entry.update(outcome="no_tool_call", no_tool_call_round=st.last_round, finish_reason=st.last_finish)
+        elif st.last_round < max_rounds:
             # the run stopped between two of its rounds: at duration_s as planned, or early (signal)
             entry["outcome"] = "duration_reached" if at_duration else ("cut_short" if stopped_early else "done")
         else:

@@ -42,7 +42,7 @@ class Observers:
         if self.exporter is not None:
             await self.exporter.stop()
         if self.scraper is not None:
-            self.scraper.close()
+            await self.scraper.aclose()
         if self.intervals is not None:
             self.intervals.close()
 
@@ -59,6 +59,7 @@ async def start_observers(ctx: "RunContext", out_dir: Path, meta: dict[str, Any]
     sfx = meta.get("files_suffix", "")  # one process of --workers N: its own files; worker 0 scrapes
     if tgt.metrics_urls and meta.get("worker", 0) == 0:
         obs.scraper = TargetScraper(tgt.metrics_urls, tgt.metrics_every_s, out_dir / "target_metrics.jsonl")
+        await obs.scraper.baseline()  # before any traffic; each scrape is bounded by its timeout
         obs._jobs.append(("target-metrics", obs.scraper.run))
         if obs.exporter is not None:
             obs.exporter.collector.extra["scraper"] = obs.scraper

@@ -119,13 +119,29 @@ class TargetScraper:
         self.last[url] = values
         self._write(line)
 
+    def _open(self) -> None:
+        if self._session is None:
+            timeout = aiohttp.ClientTimeout(total=self.timeout_s, connect=self.timeout_s, sock_read=self.timeout_s)
+            connector = aiohttp.TCPConnector(limit=max(2, len(self.urls)),
+                                             keepalive_timeout=max(30.0, 2 * self.every_s))
+            self._session = aiohttp.ClientSession(timeout=timeout, connector=connector, trust_env=False)
+
+    async def baseline(self) -> None:
+        """One scrape of every URL before any agent request (bounded by the scrape timeout): the
+        counters' values before the load, so differences over the run count only the run's own
+        requests (a router's routed-minus-ended attempts, for one)."""
+        self._open()
+        await asyncio.gather(*(self.scrape(u) for u in self.urls))
+        self.baseline_done = True
+
     async def run(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s, connect=self.timeout_s, sock_read=self.timeout_s)
-        connector = aiohttp.TCPConnector(limit=max(2, len(self.urls)), keepalive_timeout=max(30.0, 2 * self.every_s))
-        self._session = aiohttp.ClientSession(timeout=timeout, connector=connector, trust_env=False)
+        self._open()
         try:
             start = time.monotonic()
             tick = 0
+            if getattr(self, "baseline_done", False):  # the first scrape was the baseline
+                tick = 1
+                await asyncio.sleep(self.every_s)
             while True:
                 await asyncio.gather(*(self.scrape(u) for u in self.urls))
                 tick += 1
@@ -136,7 +152,16 @@ class TargetScraper:
                     delay = start + tick * self.every_s - time.monotonic()
                 await asyncio.sleep(max(0.0, delay))
         finally:
+            if self._session is not None:
+                await self._session.close()
+                self._session = None
+
+    async def aclose(self) -> None:
+        """Close the HTTP session (left open when the run ended before the scrape loop started)."""
+        if self._session is not None:
             await self._session.close()
+            self._session = None
+        self.close()
 
     def close(self) -> None:
         if self.fd >= 0:
