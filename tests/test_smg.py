@@ -114,7 +114,7 @@ def test_long_context_hang_on_one_backend_through_smg(tmp_path, stack):
     # the router's own gauges name the worker the stalled requests sat on
     ev = "\n".join(v["evidence"])
     assert "smg_worker_requests_active = " in ev, ev
-    assert f"on worker {bad.base} while" in ev and "the hang is behind the router" in ev, ev
+    assert f"on worker {bad.base} while" in ev and "what held them is behind the router" in ev, ev
 
 
 def test_stall_after_headers_on_one_backend_smg_pings_do_not_hide_it(tmp_path, stack):

@@ -101,7 +101,7 @@ def test_long_context_hang_on_one_backend_is_named_from_the_routers_counters(tmp
                   rf"{len(stalled)} agent request\(s\) stalled: they came from that worker", ev)
     assert m and m.group(3) == bad.base and m.group(1) == m.group(2), ev
     assert len(stalled) - 2 <= int(m.group(1)) <= len(stalled), ev
-    assert f"unended attempt(s) on worker {bad.base} while" in ev and "the hang is behind the router" in ev, ev
+    assert f"unended attempt(s) on worker {bad.base} while" in ev and "what held them is behind the router" in ev, ev
     assert f"0 for worker {good.base}" in ev, ev
 
 

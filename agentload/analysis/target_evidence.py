@@ -165,7 +165,7 @@ def _workers(tm: TargetMetrics, url: str, fam: RouterFamily) -> list[str]:
 
 def _held(url_total: float, top: tuple[str, float], k: int, what: str, unit: str) -> str:
     return (f"the router held {_fmt(top[1])} of its {_fmt(url_total)} {unit} on worker {top[0]} while {k} agent "
-            f"request(s) {what}: the hang is behind the router, on that worker")
+            f"request(s) {what}: what held them is behind the router, on that worker (a hang, or a queue when they finished late)")
 
 
 def _smg_at(tm: TargetMetrics, url: str, t: int, k: int, what: str, when: str) -> list[str]:
