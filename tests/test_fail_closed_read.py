@@ -258,3 +258,12 @@ def test_first_bytes_is_one_short_line():
     assert first_bytes(b"<html>\r\n<body>\tx") == "<html>  <body> x"
     assert first_bytes(b"a" * 200) == "a" * 120 + "..."
     assert first_bytes("é".encode() * 100).startswith("é" * 60)  # cut mid-character: replaced, never raises
+
+
+def test_tokens_then_done_without_finish_reason_is_not_ok(tmp_path):
+    # llama-cpp-python's interrupt_requests cuts a running answer this way: tokens, then [DONE]
+    recs = _run(tmp_path, _sse([chunk({"role": "assistant", "content": ""}), chunk({"content": "hel"}), DONE]))
+    assert len(recs) == 2 and all(r.outcome == "error" and r.error == "no_finish_reason" for r in recs), \
+        [(r.outcome, r.error) for r in recs]
+    assert "no finish_reason" in recs[0].error_msg and "first_token" in recs[0].t
+    assert recs.verdict["kind"] == "bad_responses"

@@ -61,7 +61,7 @@ DISCONNECT_ERRORS = {"ServerDisconnectedError", "ClientOSError", "ClientPayloadE
                      "ClientConnectionResetError", "incomplete_stream", "ConnectionResetError"}
 CONNECT_ERRORS = {"connect_timeout", "ClientConnectorError", "ClientConnectorDNSError", "ConnectionRefusedError"}
 # answers that came back but were not what the protocol says (see agentload.run.request)
-PROTOCOL_ERRORS = {"not_a_stream", "bad_response", "malformed_stream", "empty_stream"}
+PROTOCOL_ERRORS = {"not_a_stream", "bad_response", "malformed_stream", "empty_stream", "no_finish_reason"}
 
 
 def is_server_error(error: str | None) -> bool:

@@ -19,6 +19,7 @@ The verdict fails closed: a response is `ok` only if it is what was asked for. E
 - `empty_stream`: the stream ended ([DONE] or EOF) with no malformed event, no token and no
   finish_reason (an answer that finished empty, with a finish_reason, is ok).
 - `incomplete_stream`: tokens came, then the stream ended with neither finish_reason nor [DONE].
+- `no_finish_reason`: tokens came, then [DONE], but no finish_reason: an answer cut short.
 
 Each message is one line naming what came back (status, Content-Type, first bytes, or what
 the stream carried). Malformed events are counted in `Trace.bad_events` even when the request is
@@ -114,8 +115,13 @@ def _stream_verdict(cs: ChatStream, trace: Trace) -> tuple[str | None, str | Non
                 f"stream ended {end} after {cs.bad_json} malformed event(s) of {cs.chunks - cs.dones}: no token, "
                 f"no finish_reason; first malformed event: {first_bytes(cs.first_bad or b'')}")
         return "empty_stream", f"stream ended {end}{_arrived(cs, trace)}: no token, no finish_reason"
-    if not cs.done and cs.finish_reason is None:
-        return "incomplete_stream", "stream ended without finish_reason or [DONE]"
+    if cs.finish_reason is None:
+        if not cs.done:
+            return "incomplete_stream", "stream ended without finish_reason or [DONE]"
+        # tokens, then [DONE] with no finish_reason: an answer cut short (llama-cpp-python's
+        # interrupt_requests does this after some tokens), not one that said how it ended
+        return "no_finish_reason", (f"stream ended with [DONE] after {cs.token_chunks} token chunk(s) but no "
+                                    f"finish_reason: the answer may have been cut short")
     return None, None
 
 
@@ -319,19 +325,29 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, trace: Tra
         reader = SSEBody(trace)
         content = resp.content
         conn = resp.connection
+        cut = False
         try:
-            if not await read_body(content, reader.feed, conn.protocol if conn is not None else None,
-                                   reader.last_byte_ns):
-                while True:  # the general path: any StreamReader, one task wake-up per read
-                    data = await content.readany()
-                    if not data:
-                        break
-                    reader.feed(data)
+            try:
+                if not await read_body(content, reader.feed, conn.protocol if conn is not None else None,
+                                       reader.last_byte_ns):
+                    while True:  # the general path: any StreamReader, one task wake-up per read
+                        data = await content.readany()
+                        if not data:
+                            break
+                        reader.feed(data)
+            except aiohttp.ClientPayloadError:
+                if not reader.cs.done:
+                    raise
+                # the answer had ended ([DONE]) when the body was cut (llama-cpp-python's
+                # interrupt_requests): judge the answer, not the transport's complaint
+                cut = True
         finally:  # also when the read fails or is given up: what was malformed so far is kept
             trace.bad_events = reader.cs.bad_json
         cs = reader.finish()
         t["end"] = _now()
         error, msg = _stream_verdict(cs, trace)
+        if cut and msg:
+            msg += "; then the server closed the connection without ending the chunked body"
         return Result(status, cs, error, msg)
 
 
