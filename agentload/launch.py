@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from agentload.errors import UserError
-from agentload.redact import env_secrets, register_target
+from agentload.redact import env_secrets, register_target, secret_field
 from agentload.report.build import write_reports
 from agentload.run.runner import RunOutcome, execute, use_uvloop
 from agentload.run.scenario import Scenario
@@ -74,12 +74,11 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
 
 
 def check_secrets(sc: Scenario) -> None:
-    """Every variable `api_key_env` / `headers_env` names must be set: a run without its key would
-    only show 401s. The values are remembered for redaction in this process."""
+    """Every variable `api_key_env` / `headers_env` / `metrics_api_key_env` names must be set: a run
+    without its key would only show 401s. The values are remembered for redaction in this process."""
     for name, value in env_secrets(sc.target).items():
         if not value:
-            field = "target.api_key_env" if name == sc.target.api_key_env else next(
-                f"target.headers_env.{h}" for h, var in sc.target.headers_env.items() if var == name)
+            field = secret_field(sc.target, name)
             raise UserError(f"{sc.source}: {field}: environment variable {name} is "
                             f"{'empty' if value == '' else 'not set'}; expected the secret in it")
     register_target(sc.target)

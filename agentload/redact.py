@@ -1,7 +1,8 @@
 """Secret values agentload must never print or write, and `redact(text)` that hides them.
 
 Secrets reach agentload only through the environment: `[target] api_key_env` (sent as a bearer
-token) and `[target] headers_env` (header name -> variable, e.g. `{"api-key" = "AZURE_KEY"}`).
+token), `[target] headers_env` (header name -> variable, e.g. `{"api-key" = "AZURE_KEY"}`) and
+`[target] metrics_api_key_env` (the scraper's bearer token for `metrics_urls`).
 `register_target(target)` reads those variables (where the transport builds its headers, where a
 run starts, where reports are rebuilt from run.json) and remembers each value in this process.
 
@@ -72,7 +73,22 @@ def env_secrets(target: Any) -> dict[str, str | None]:
     headers_env = get("headers_env") or {}
     if isinstance(headers_env, Mapping):
         names.extend(str(v) for v in headers_env.values() if v)
+    if get("metrics_api_key_env"):  # the scraper's bearer token for metrics_urls
+        names.append(str(get("metrics_api_key_env")))
     return {n: os.environ.get(n) for n in names}
+
+
+def secret_field(target: Any, name: str) -> str:
+    """The `[target]` setting that names environment variable `name` (for error messages)."""
+    get = target.get if isinstance(target, Mapping) else (lambda k, d=None: getattr(target, k, d))
+    if name == get("api_key_env"):
+        return "target.api_key_env"
+    for header, var in (get("headers_env") or {}).items():
+        if var == name:
+            return f"target.headers_env.{header}"
+    if name == get("metrics_api_key_env"):
+        return "target.metrics_api_key_env"
+    return "target"
 
 
 def register_target(target: Any) -> None:

@@ -115,3 +115,128 @@ class VllmRouterProcess:
     def stop(self) -> int | None:
         """SIGKILL its process group (launcher and router; no state kept) and reap. Idempotent."""
         return self.child.kill()
+
+
+# ---------------------------------------------------------------- LiteLLM's proxy
+
+# LiteLLM's proxy lives in a venv of its own (`litellm[proxy]` would change ~50 packages of the main
+# environment); .ci/run creates it. Pinned: the package list names a compromised 1.107.0.
+LITELLM_VERSION = "1.108.7"
+LITELLM_VENV = Path(os.environ.get("AGENTLOAD_LITELLM_VENV") or Path.home() / ".cache" / "agentload-routers" / "litellm")
+LITELLM_READY_TIMEOUT_S = 120.0  # ~8 s here on 2 cores; importing the proxy is slow on a busy machine
+
+
+def litellm_executable() -> str | None:
+    exe = LITELLM_VENV / "bin" / "litellm"
+    return str(exe) if exe.is_file() and os.access(exe, os.X_OK) else None
+
+
+def litellm_skip_reason() -> str | None:
+    """Skip only when the venv is missing AND `CI` is unset (.ci/run creates it: in CI it must be there)."""
+    if litellm_executable() is not None or os.environ.get("CI"):
+        return None
+    return (f"LiteLLM's proxy is missing ({LITELLM_VENV}/bin/litellm: python3 -m venv {LITELLM_VENV} && "
+            f"{LITELLM_VENV}/bin/pip install 'litellm[proxy]=={LITELLM_VERSION}' 'prometheus-client==0.26.0'; "
+            f".ci/run does it)")
+
+
+class LiteLLMProcess:
+    """`litellm --config FILE --host 127.0.0.1 --port P`: one model name (`model`) with one
+    deployment per backend (`openai/<model>` at `<backend>/v1`), a master key, and
+    `callbacks: ["prometheus"]` (without it /metrics is 404). /metrics answers 401 without the key
+    and 307 -> /metrics/ with it; `metrics_url` is /metrics/ itself."""
+
+    def __init__(self, child: ChildProcess, port: int, log_path: Path, config_path: Path, master_key: str):
+        self.child = child
+        self.port = port
+        self.log_path = log_path
+        self.config_path = config_path
+        self.master_key = master_key
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return self.base + "/v1"
+
+    @property
+    def metrics_url(self) -> str:
+        return self.base + "/metrics/"
+
+    @staticmethod
+    def config(backends: list[str], model: str, master_key: str, params: dict[str, Any] | None = None,
+               router_settings: dict[str, Any] | None = None, models: list[str] | None = None) -> dict[str, Any]:
+        """The proxy's config (YAML; JSON is YAML): one deployment per backend, of `model` (or of
+        `models[i]` for backend i). `params` go into every deployment's litellm_params (e.g.
+        {"timeout": 3, "stream_timeout": 3})."""
+        names = models or [model] * len(backends)
+        return {
+            "model_list": [{"model_name": name,
+                            "litellm_params": {"model": f"openai/{name}", "api_base": b.rstrip("/") + "/v1",
+                                               "api_key": "none", **(params or {})}}
+                           for b, name in zip(backends, names, strict=True)],
+            "litellm_settings": {"callbacks": ["prometheus"]},
+            "router_settings": {"num_retries": 0, **(router_settings or {})},
+            "general_settings": {"master_key": master_key},
+        }
+
+    @classmethod
+    def start(cls, backends: list[str], workdir: Path, master_key: str, model: str = "mock-model",
+              params: dict[str, Any] | None = None, router_settings: dict[str, Any] | None = None,
+              models: list[str] | None = None, ready_timeout_s: float = LITELLM_READY_TIMEOUT_S
+              ) -> "LiteLLMProcess":
+        exe = litellm_executable()
+        if exe is None:
+            raise FileNotFoundError(f"LiteLLM's proxy not found at {LITELLM_VENV}/bin/litellm (.ci/run installs it)")
+        workdir.mkdir(parents=True, exist_ok=True)
+        config_path = workdir / "litellm.yaml"
+        config_path.write_text(json.dumps(cls.config(backends, model, master_key, params, router_settings, models),
+                                          indent=1))
+        log_path = workdir / "litellm.log"
+        # the model cost map from the package, not fetched from the internet (3 failed tries: ~10 s)
+        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False",
+               "NO_PROXY": "127.0.0.1,localhost"}
+        last_err = ""
+        for _ in range(3):  # a free port can be taken between probing and binding: try again, bounded
+            port = free_port()
+            argv = [exe, "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port)]
+            with open(log_path, "ab") as log:
+                child = ChildProcess.start(argv, name="litellm", stdout=log, stderr=log, env=env, cwd=workdir,
+                                           die_with_parent=True)
+            me = cls(child, port, log_path, config_path, master_key)
+            try:
+                me.child.wait_url(me.base + "/health/readiness", ready_timeout_s)
+                return me
+            except NotReady as e:
+                last_err = (f"exited with status {e.returncode}" if e.exited else
+                            f"not ready within {ready_timeout_s:g} s (last: {e.last})")
+                me.stop()
+                if "in use" not in me.log_tail():
+                    break
+        raise RuntimeError(f"LiteLLM's proxy did not become ready: {last_err}; log: {me.log_tail()}")
+
+    def get(self, path: str, key: bool = True, timeout_s: float = 5.0) -> tuple[int, bytes]:
+        """GET on the proxy, with the master key as bearer token unless `key` is False."""
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(self.base + path,
+                                     headers={"Authorization": f"Bearer {self.master_key}"} if key else {})
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(req, timeout=timeout_s) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def log_tail(self, limit: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-limit:]
+        except OSError:
+            return ""
+
+    def stop(self) -> int | None:
+        """SIGKILL its process group (no state kept: no database) and reap. Idempotent."""
+        return self.child.kill()

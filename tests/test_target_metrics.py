@@ -282,3 +282,91 @@ def _err_rec(agent: int, rnd: int, sent_s: float, end_s: float) -> Record:
     t["headers"] = t["sent"] + 1000
     return Record(1, "run", "agent", agent, rnd, 0, f"run-a{agent}-r{rnd}-c0", 3, 100, 7000, None, None,
                   500, "error", "http_500", "HTTP 500: boom", None, True, None, 1, 5, 3, 0, 0, 0, t)
+
+
+# ---------------------------------------------------------------- LiteLLM: a key for /metrics, per-deployment counters
+
+
+def test_scraper_sends_the_metrics_key_to_the_metrics_urls_only(tmp_path, monkeypatch):
+    """`[target] metrics_api_key_env`: the scraper's bearer token (LiteLLM's /metrics answers 401
+    without its master key); never in target_metrics.jsonl, never on the agents' requests."""
+    from agentload import redact
+    from agentload.run.scenario import load_scenario
+    from agentload.run.transport import request_headers
+
+    key = "sk-metrics-only-0123456789"
+    seen: list[str | None] = []
+
+    async def metrics(request):
+        seen.append(request.headers.get("Authorization"))
+        if request.headers.get("Authorization") != f"Bearer {key}":
+            return web.Response(status=401, text=f"Unauthorized, got {request.headers.get('Authorization')}")
+        return web.Response(text=PAGES[0])
+
+    async def go(api_key):
+        runner, port = await _serve({"/metrics": metrics})
+        url = f"http://127.0.0.1:{port}/metrics"
+        sc = TargetScraper([url], 0.2, tmp_path / f"tm-{bool(api_key)}.jsonl", api_key=api_key)
+        await sc.baseline()
+        await sc.aclose()
+        await runner.cleanup()
+        return sc.state()[url]
+
+    try:
+        # a baseline scrape before the run and a last one at its end (aclose)
+        assert asyncio.run(go(key)) == {"ok": 2, "failed": 0}
+        assert asyncio.run(go(None)) == {"ok": 0, "failed": 2}
+        assert seen == [f"Bearer {key}"] * 2 + [None] * 2
+        assert b"HTTP 401" in (tmp_path / "tm-False.jsonl").read_bytes()
+        for f in tmp_path.iterdir():
+            assert key.encode() not in f.read_bytes()
+        monkeypatch.setenv("AGENTLOAD_T_METRICS_KEY", key)
+        sc = load_scenario("demo", ['target.metrics_api_key_env="AGENTLOAD_T_METRICS_KEY"'])
+        assert "Authorization" not in request_headers(sc.target)  # the agents' requests do not get it
+        assert redact.redact(f"x {key} y") == "x *** y"
+    finally:
+        redact.clear()
+
+
+def test_an_unset_metrics_api_key_env_stops_the_run_up_front(monkeypatch):
+    from agentload.errors import UserError
+    from agentload.launch import check_secrets
+    from agentload.run.scenario import load_scenario
+
+    monkeypatch.delenv("AGENTLOAD_T_UNSET_METRICS", raising=False)
+    sc = load_scenario("demo", ['target.metrics_api_key_env="AGENTLOAD_T_UNSET_METRICS"'])
+    with pytest.raises(UserError) as e:
+        check_secrets(sc)
+    line = str(e.value)
+    assert "\n" not in line and "target.metrics_api_key_env" in line and "AGENTLOAD_T_UNSET_METRICS" in line, line
+    assert "not set" in line, line
+
+
+def _litellm_page(ok: dict[str, float], failed: dict[str, float], rejected: float = 0.0) -> dict[str, float]:
+    """LiteLLM's per-deployment counters (label api_base; api_base "" for a request refused before routing)."""
+    v = {}
+    for w in set(ok) | set(failed):
+        v[series_key("litellm_deployment_success_responses_total", {"api_base": w, "model_group": "m"})] = ok.get(w, 0)
+        v[series_key("litellm_deployment_failure_responses_total",
+                     {"api_base": w, "model_group": "m", "exception_class": "APITimeoutError"})] = failed.get(w, 0)
+        v[series_key("litellm_deployment_total_requests_total", {"api_base": w, "model_group": "m"})] = \
+            ok.get(w, 0) + failed.get(w, 0)
+    v[series_key("litellm_deployment_failure_responses_total", {"api_base": "", "exception_class": "Exception"})] = rejected
+    v["litellm_in_flight_requests"] = 1.0
+    return v
+
+
+def test_litellm_failure_counters_name_the_deployment_behind_server_errors(tmp_path):
+    recs = [_rec(a, 1, 0.1 * a, 0.1 * a + 0.2, None, "ok", 1000) for a in range(4)]
+    recs += [_err_rec(a, 2, 2.0, 2.1) for a in range(2)]
+    w1, w2 = "http://w1/v1", "http://w2/v1"
+    pages = [(0.5, _litellm_page({w1: 0, w2: 0}, {})),
+             (3.0, _litellm_page({w1: 2, w2: 2}, {w2: 2}, rejected=5))]  # rejects before routing: no deployment
+    v = diagnose(load_run(_counter_run(tmp_path, recs, pages)))
+    assert v["kind"] == "server_errors", v
+    ev = "\n".join(v["evidence"])
+    assert ("(litellm) counted failed attempts over the run (+0.5 .. +3.0 s): litellm_deployment_failure_responses_total "
+            "grew by 2 for worker http://w2/v1, 0 for worker http://w1/v1") in ev, ev
+    assert ("the router counted 2 of its 2 failed attempt(s) on worker http://w2/v1 while 2 agent request(s) failed "
+            "(http_500 x2): they came from that worker") in ev, ev
+    assert "never ended" not in ev  # it counts an attempt when it ends: nothing unended to read

@@ -12,9 +12,9 @@ once). Two kinds of lines:
   scrape: attempts that failed, and attempts routed that never got an outcome (routed minus
   outcomes: requests still in flight, or abandoned because the client left).
 
-Each router family is a table of its metric names and what they mean (`SMG`, `VLLM_ROUTER`) and
-one function that reads them (`_smg_at`, `_vllm_router_at` for a moment; `_counters` over the run,
-shared: both families count per worker the same way). The lines name a worker only when the
+Each router family is a table of its metric names and what they mean (`SMG`, `VLLM_ROUTER`,
+`LITELLM`) and one function that reads them (`_smg_at`, `_vllm_router_at` for a moment; `_counters`
+over the run, shared: every family counts per worker the same way, under its own worker label). The lines name a worker only when the
 router's numbers say it: most of the requests in question, and more than all other workers together.
 """
 
@@ -42,6 +42,12 @@ class RouterFamily:
     retries: str | None = None  # counter: attempts retried (not per worker)
     active: str | None = None  # gauge: attempts in flight per worker, live
     meaning: tuple[tuple[str, str], ...] = ()  # the table: metric -> what it means here
+    worker_label: str = "worker"  # the label naming the worker (LiteLLM: api_base)
+    # a counter of failed attempts alone (no outcome label), read instead of outcomes{outcome="failure"}
+    failures: str | None = None
+    # routed counts an attempt when it is sent (routed - outcomes: not ended); False: when it ends,
+    # so nothing in flight shows and a hang is not localised
+    counts_at_send: bool = True
 
 
 # smg (SGLang's model gateway, PyPI `smg`): checked against 1.13
@@ -69,11 +75,28 @@ VLLM_ROUTER = RouterFamily(
                                       "on another worker by default"),
         ("vllm_router_worker_health", "1 while the worker passes its health check"),
     ))
-ROUTERS = (SMG, VLLM_ROUTER)
+# LiteLLM's proxy (PyPI `litellm[proxy]`, with `callbacks: ["prometheus"]`; /metrics behind the
+# master key: [target] metrics_api_key_env): checked against 1.108.7. Per deployment (label api_base,
+# "" for a request refused before routing) it counts attempts when they end, so a hang shows only
+# once it ends (a timeout: a failure); litellm_in_flight_requests is one gauge for the whole proxy.
+LITELLM = RouterFamily(
+    "litellm", routed="litellm_deployment_total_requests_total", outcomes="litellm_deployment_success_responses_total",
+    failures="litellm_deployment_failure_responses_total", worker_label="api_base", counts_at_send=False,
+    meaning=(
+        ("litellm_deployment_total_requests_total", "attempts ended per deployment (success + failure), counted at "
+                                                    "the end"),
+        ("litellm_deployment_success_responses_total", "attempts that succeeded per deployment"),
+        ("litellm_deployment_failure_responses_total", "attempts that failed per deployment (label exception_class: "
+                                                       "APITimeoutError for a stream_timeout, an in-band 408)"),
+        ("litellm_deployment_state", "0 healthy, 1 partial outage (a failure), 2 complete outage"),
+        ("litellm_in_flight_requests", "HTTP requests in flight at the proxy (all routes, every deployment)"),
+    ))
+ROUTERS = (SMG, VLLM_ROUTER, LITELLM)
 
 # engine gauges read at the stall moment: name -> (who, what it counts)
 GAUGES = {
     "smg_admission_inflight": ("router", "requests holding an admission permit"),
+    "litellm_in_flight_requests": ("router", "requests in flight at the proxy (all routes)"),
     "vllm:num_requests_running": ("engine", "running requests"),
     "vllm:num_requests_waiting": ("engine", "waiting requests"),
     "sglang:num_running_reqs": ("engine", "running requests"),
@@ -93,23 +116,25 @@ def _fmt(v: float | None) -> str:
 def family_of(tm: TargetMetrics, url: str) -> RouterFamily | None:
     """The router family whose per-worker counters this URL serves (None: not a router we know)."""
     names = {s.name for (u, _), s in tm.series.items() if u == url}
-    return next((fam for fam in ROUTERS if fam.routed in names or fam.outcomes in names), None)
+    return next((fam for fam in ROUTERS if fam.routed in names or fam.outcomes in names
+                 or (fam.failures and fam.failures in names)), None)
 
 
-def _per_worker(tm: TargetMetrics, url: str, name: str, t: int, keep: Callable[[dict], bool] | None = None
-                ) -> Counter:
-    """{worker: sum of the series of `name` at `t`} (a series not yet there counts 0)."""
+def _per_worker(tm: TargetMetrics, url: str, name: str, t: int, keep: Callable[[dict], bool] | None = None,
+                label: str = "worker") -> Counter:
+    """{worker: sum of the series of `name` at `t`} (a series not yet there counts 0; one whose
+    worker label is empty, a request refused before routing, is left out)."""
     out: Counter = Counter()
     for s in tm.family(url, name):
-        if keep is None or keep(s.labels):
-            out[s.labels.get("worker", "?")] += s.at(t) or 0.0
+        if (keep is None or keep(s.labels)) and s.labels.get(label, "?"):
+            out[s.labels.get(label, "?")] += s.at(t) or 0.0
     return out
 
 
-def _grew(tm: TargetMetrics, url: str, name: str, t0: int, t1: int, keep: Callable[[dict], bool] | None = None
-          ) -> Counter:
+def _grew(tm: TargetMetrics, url: str, name: str, t0: int, t1: int, keep: Callable[[dict], bool] | None = None,
+          label: str = "worker") -> Counter:
     """{worker: how much `name` grew from t0 to t1}; a counter that went down (a restart) counts from 0."""
-    a, b = _per_worker(tm, url, name, t0, keep), _per_worker(tm, url, name, t1, keep)
+    a, b = _per_worker(tm, url, name, t0, keep, label), _per_worker(tm, url, name, t1, keep, label)
     out: Counter = Counter()
     for w in set(a) | set(b):
         d = b[w] - a[w]
@@ -121,6 +146,17 @@ def _failure(labels: dict) -> bool:
     return labels.get("outcome") == "failure"
 
 
+def _failed(fam: RouterFamily, tm: TargetMetrics, url: str, t0: int, t1: int) -> Counter:
+    """{worker: failed attempts from t0 to t1}."""
+    if fam.failures:
+        return _grew(tm, url, fam.failures, t0, t1, None, fam.worker_label)
+    return _grew(tm, url, fam.outcomes, t0, t1, _failure, fam.worker_label)
+
+
+def _failure_name(fam: RouterFamily) -> str:
+    return fam.failures or f"{fam.outcomes}{{outcome=\"failure\"}}"
+
+
 def _unfinished(fam: RouterFamily, tm: TargetMetrics, url: str, times: list[int], t: int) -> Counter:
     """{worker: attempts routed and not ended at `t`, above the fewest any scrape up to `t` saw}.
 
@@ -128,8 +164,14 @@ def _unfinished(fam: RouterFamily, tm: TargetMetrics, url: str, times: list[int]
     counts no outcome for those, ever). They never end, so the fewest seen at any scrape bounds
     them; at a scrape that found the worker idle it is exactly them. The first scrape alone is no
     baseline: it races the run's first requests."""
+    if not fam.counts_at_send:  # routed is counted at the end too: nothing in flight shows
+        return Counter()
+
     def unended(at: int) -> Counter:
-        routed, ended = _per_worker(tm, url, fam.routed, at), _per_worker(tm, url, fam.outcomes, at)
+        lb = fam.worker_label
+        routed, ended = _per_worker(tm, url, fam.routed, at, label=lb), _per_worker(tm, url, fam.outcomes, at, label=lb)
+        if fam.failures:
+            ended += _per_worker(tm, url, fam.failures, at, label=lb)
         return Counter({w: routed[w] - ended[w] for w in set(routed) | set(ended)})
 
     now = unended(t)
@@ -156,8 +198,8 @@ def _top(c: Counter, k: int | None = None) -> tuple[str, float] | None:
 
 
 def _workers(tm: TargetMetrics, url: str, fam: RouterFamily) -> list[str]:
-    return sorted({s.labels.get("worker", "?") for name in (fam.routed, fam.outcomes, fam.active) if name
-                   for s in tm.family(url, name)})
+    return sorted({s.labels.get(fam.worker_label, "?") for name in (fam.routed, fam.outcomes, fam.active, fam.failures)
+                   if name for s in tm.family(url, name)} - {""})
 
 
 # ---------------------------------------------------------------- at the stall moment, per family
@@ -226,13 +268,13 @@ def _counters(fam: RouterFamily, tm: TargetMetrics, url: str, bad: list[Record],
     t0, t1 = span
     when = f"+{(t0 - tm.t0_ns) / 1e9:.1f} .. +{(t1 - tm.t0_ns) / 1e9:.1f} s"
     workers = _workers(tm, url, fam)
-    failed = _grew(tm, url, fam.outcomes, t0, t1, _failure)
+    failed = _failed(fam, tm, url, t0, t1)
     unended = _unfinished(fam, tm, url, tm.scrape_times[url], t1)
     k = len(bad)
     out = []
     if sum(failed.values()):
         out.append(f"router {url} ({fam.name}) counted failed attempts over the run ({when}): "
-                   f"{fam.outcomes}{{outcome=\"failure\"}} grew by {_per_text(failed, workers)}")
+                   f"{_failure_name(fam)} grew by {_per_text(failed, workers)}")
     if sum(unended.values()):
         out.append(f"router {url} ({fam.name}) routed attempts that never ended over the run ({when}): "
                    f"{fam.routed} - {fam.outcomes} = {_per_text(unended, workers)} at the last scrape, above the "
@@ -277,7 +319,7 @@ def router_warnings(data: "RunData", seen: int, tm: TargetMetrics | None = None)
         span = _span(tm, url)
         if fam is None or span is None:
             continue
-        failed = _grew(tm, url, fam.outcomes, *span, _failure)
+        failed = _failed(fam, tm, url, *span)
         n = sum(failed.values())
         if n <= seen:
             continue
@@ -286,8 +328,8 @@ def router_warnings(data: "RunData", seen: int, tm: TargetMetrics | None = None)
             retried = sum(_grew(tm, url, fam.retries, *span).values())
         workers = [w for w, v in failed.most_common() if v]
         out.append(f"router {url} ({fam.name}) counted {_fmt(n)} failed attempt(s) on its workers "
-                   f"({_per_text(failed, workers)}; {fam.outcomes}{{outcome=\"failure\"}}) and "
-                   f"{_fmt(retried)} retr{'y' if retried == 1 else 'ies'} ({fam.retries}), while agents saw {seen} "
+                   f"({_per_text(failed, workers)}; {_failure_name(fam)}) and "
+                   f"{_fmt(retried)} retr{'y' if retried == 1 else 'ies'} ({fam.retries or 'not counted'}), while agents saw {seen} "
                    f"server error(s): the router hid {_fmt(n - seen)} failure(s) by retrying them; worker "
                    f"{workers[0]} is failing requests")
     return out

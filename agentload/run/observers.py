@@ -13,11 +13,13 @@ function), which it runs supervised: a crash is a crash entry in run.json, then 
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from agentload.errors import UserError
 from agentload.run.exporter import Exporter
 from agentload.records.interval_log import IntervalLog
 from agentload.run.scraper import TargetScraper
@@ -58,7 +60,12 @@ async def start_observers(ctx: "RunContext", out_dir: Path, meta: dict[str, Any]
     tgt = ctx.scenario.target
     sfx = meta.get("files_suffix", "")  # one process of --workers N: its own files; worker 0 scrapes
     if tgt.metrics_urls and meta.get("worker", 0) == 0:
-        obs.scraper = TargetScraper(tgt.metrics_urls, tgt.metrics_every_s, out_dir / "target_metrics.jsonl")
+        key = os.environ.get(tgt.metrics_api_key_env) if tgt.metrics_api_key_env else None
+        if tgt.metrics_api_key_env and not key:  # launch's check_secrets says it first, up front
+            raise UserError(f"target.metrics_api_key_env: environment variable {tgt.metrics_api_key_env} is "
+                            f"not set; expected the secret in it")
+        obs.scraper = TargetScraper(tgt.metrics_urls, tgt.metrics_every_s, out_dir / "target_metrics.jsonl",
+                                    api_key=key)
         await obs.scraper.baseline()  # before any traffic; each scrape is bounded by its timeout
         obs._jobs.append(("target-metrics", obs.scraper.run))
         if obs.exporter is not None:

@@ -224,6 +224,9 @@ class TargetConfig:
     headers_env: dict[str, str] = setting({}, Table(_EnvName(), keys=_HeaderName(literal_value=False)))
     metrics_urls: list[str] = setting([], Items(_Url()))  # Prometheus endpoints scraped during the run
     metrics_every_s: float = setting(5.0, Number(0.2))
+    # name of the env var whose value the scraper sends as `Authorization: Bearer` to metrics_urls only
+    # (LiteLLM's proxy serves /metrics behind its master key); the value is never stored
+    metrics_api_key_env: Optional[str] = setting(None, Opt(_EnvName()))
     metrics_series: list[str] = setting([])  # names/prefixes to chart (default: router/engine gauges)
     # the header each request's id goes in ("" or false: none is sent); the id sent is a UUID derived
     # from the readable `<run>-a<agent>-r<round>-c<call>` (servers such as llama-cpp-python answer 400 to

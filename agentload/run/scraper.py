@@ -2,7 +2,8 @@
 
 `[target] metrics_urls = [...]` (a router such as smg, vLLM or SGLang engines) are scraped every
 `[target] metrics_every_s`, each with a bounded timeout and a bounded body, on their own small
-HTTP pool (never the agents'), and parsed with prometheus-client's text parser in a worker
+HTTP pool (never the agents'; with `[target] metrics_api_key_env`, that variable's value goes to
+these URLs as `Authorization: Bearer`), and parsed with prometheus-client's text parser in a worker
 thread so a big metrics page does not lag the event loop that stamps the agents' requests.
 
 One JSON line per scrape and URL, timestamped with `time.perf_counter_ns()` like the records,
@@ -29,6 +30,8 @@ from typing import Any
 
 import aiohttp
 import orjson
+
+from agentload.redact import add_secret, redact
 
 _now = time.perf_counter_ns
 
@@ -63,8 +66,15 @@ def parse_exposition(text: str) -> dict[str, float | None]:
 class TargetScraper:
     """Scrapes `urls` every `every_s` until cancelled; one JSONL line per scrape per URL."""
 
-    def __init__(self, urls: list[str], every_s: float, path: Path, timeout_s: float | None = None):
+    def __init__(self, urls: list[str], every_s: float, path: Path, timeout_s: float | None = None,
+                 api_key: str | None = None):
         self.urls = list(urls)
+        # `[target] metrics_api_key_env`'s value, sent as a bearer token to these URLs only (LiteLLM's
+        # proxy serves /metrics behind its master key); held in memory, never written
+        self._headers = {"Accept": "text/plain"}
+        if api_key:
+            add_secret(api_key)
+            self._headers["Authorization"] = f"Bearer {api_key}"
         self.every_s = max(0.2, float(every_s))
         self.timeout_s = min(timeout_s or self.every_s, MAX_TIMEOUT_S)
         self.path = path
@@ -80,7 +90,7 @@ class TargetScraper:
 
     async def _fetch(self, url: str) -> str:
         assert self._session is not None
-        async with self._session.get(url, headers={"Accept": "text/plain"}) as resp:
+        async with self._session.get(url, headers=self._headers) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"HTTP {resp.status}")
             body = await resp.content.read(MAX_BODY_BYTES + 1)
@@ -98,7 +108,7 @@ class TargetScraper:
             raise
         except Exception as e:  # a target that cannot be scraped is a fact, never a crash
             self.failed[url] += 1
-            msg = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+            msg = redact(f"{type(e).__name__}: {e}".replace("\n", " ")[:300])
             if isinstance(e, (TimeoutError, asyncio.TimeoutError)):
                 msg = f"timeout after {self.timeout_s:g} s"
             self._write({"t": _now(), "t_start": t_start, "url": url, "error": msg})
@@ -157,11 +167,17 @@ class TargetScraper:
                 self._session = None
 
     async def aclose(self) -> None:
-        """Close the HTTP session (left open when the run ended before the scrape loop started)."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-        self.close()
+        """One last scrape after the last request (a router counts an outcome when a stream ends:
+        the final failures would be missed otherwise), bounded by the scrape timeout; then close."""
+        try:
+            if self.fd >= 0:
+                self._open()
+                await asyncio.gather(*(self.scrape(u) for u in self.urls))
+        finally:
+            if self._session is not None:
+                await self._session.close()
+                self._session = None
+            self.close()
 
     def close(self) -> None:
         if self.fd >= 0:

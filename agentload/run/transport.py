@@ -24,7 +24,7 @@ import aiohttp
 from agentload import __version__
 from agentload.errors import UserError
 from agentload.records import Trace
-from agentload.redact import env_secrets, register_target
+from agentload.redact import env_secrets, register_target, secret_field
 from agentload.run import body_sink
 from agentload.run.scenario import ClientConfig, TargetConfig
 
@@ -171,8 +171,7 @@ def request_headers(target: TargetConfig) -> dict[str, str]:
     missing = [n for n, v in env.items() if not v]
     if missing:
         raise UserError(f"target: environment variable {missing[0]} is not set (named by "
-                        f"{'api_key_env' if missing[0] == target.api_key_env else 'headers_env'}); "
-                        f"expected the secret in it")
+                        f"{secret_field(target, missing[0])}); expected the secret in it")
     register_target(target)
     if target.api_key_env:
         h["Authorization"] = f"Bearer {env[target.api_key_env]}"
