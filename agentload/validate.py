@@ -16,6 +16,8 @@ A leaf module: it imports nothing of agentload but errors.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import dataclasses
 import functools
 import math
@@ -61,13 +63,13 @@ class At:
 # ---------------------------------------------------------------- checks
 
 
-class Check:
+class Check(ABC):
     """Takes a raw value, returns the value to store, or fails naming what it expected."""
 
     expected = "a value"
 
-    def __call__(self, value: Any, at: At) -> Any:
-        raise NotImplementedError
+    @abstractmethod
+    def __call__(self, value: Any, at: At) -> Any: ...
 
 
 def _is_num(v: Any) -> bool:
