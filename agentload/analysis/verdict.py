@@ -670,7 +670,7 @@ def rule_no_tool_calls(f: Facts) -> Finding | None:
                   None, lo, n, n)
     conv = f.scenario.get("conversation") or {}
     ev = fnd.evidence
-    ev.append(f"answers without a tool call that ended a conversation, by round: "
+    ev.append("answers without a tool call that ended a conversation, by round: "
               + ", ".join(f"round {k}: {v}" for k, v in sorted(by_round.items()))
               + f" (agents.rounds = {f.max_rounds}); conversation.mode = \"model\" goes on only when the model "
                 f"calls a tool")
