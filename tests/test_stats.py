@@ -32,3 +32,36 @@ def test_absent_values_are_absent_not_zero():
 def test_the_formatter_keeps_sub_millisecond_digits():
     assert fmt_ms(0.54) == "0.54" and fmt_ms(0.5) == "0.50" and fmt_ms(12.34) == "12.3" and fmt_ms(123.4) == "123"
     assert fmt_ms(12_345) == "12.3s" and fmt_ms(None) == "-"
+
+
+def test_a_long_run_is_tabled_in_bands_of_rounds_that_add_up():
+    from agentload.analysis.summary import build_summary
+    from agentload.report.text import render
+
+    from records_factory import RunBuilder
+
+    run = RunBuilder(agents=2, rounds=50)
+    for rnd in range(1, 51):
+        for a in range(2):
+            run.ok(a, rnd, ttfb_ms=rnd)  # ttfb grows with the round: a band's p50 lies inside it
+    summary = build_summary(run.data())
+    assert len(summary["rounds"]) == 50  # what a program needs: every round
+    bands = summary["round_bands"]
+    assert [b["rounds"] for b in bands] == [[r, r] for r in range(1, 11)] + [[11, 20], [21, 40], [41, 50]]
+    assert sum(b["requests"] for b in bands) == summary["totals"]["requests"] == 100
+    b = bands[-1]
+    assert 41 <= b["phases"]["ttfb"]["p50_ms"] <= 50.1 and b["completed"] == 20
+    text = render(summary)
+    assert "41-50" in text and "rounds 11+ in bands" in text
+    assert "\n   25 " not in text  # no row of its own for round 25
+
+
+def test_a_short_run_has_no_bands():
+    from agentload.analysis.summary import build_summary
+
+    from records_factory import RunBuilder
+
+    run = RunBuilder(agents=2, rounds=20)
+    for rnd in range(1, 21):
+        run.ok(0, rnd)
+    assert "round_bands" not in build_summary(run.data())

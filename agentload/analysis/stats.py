@@ -156,6 +156,42 @@ class PhaseStats:
         return {"requests": self.requests, "completed": self.completed, "errors": self.errors,
                 "stalled": self.stalled, "given_up": self.given_up, "cut_short": self.cut_short}
 
+    def merge(self, other: "PhaseStats") -> None:
+        """Adds another group's counts and histograms (a band of rounds: exact, not an average)."""
+        for k in ("requests", "completed", "errors", "stalled", "given_up", "cut_short"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+        for p, h in other.hists.items():
+            self.hists[p].add(h)
+
+
+ROUNDS_ONE_BY_ONE = 10  # a table shows the first rounds one by one ...
+MAX_ROUND_ROWS = 20  # ... and, past this many rounds, the rest in bands that double in width
+
+
+def round_bands(rounds: dict[int, PhaseStats]) -> list[tuple[int, int, PhaseStats]] | None:
+    """(first round, last round, merged stats) for a table of a run with many rounds: rounds 1-10
+    one by one, then 11-20, 21-40, 41-80, ... (each band's percentiles exact, from the merged
+    histograms). None when every round fits in a table row of its own."""
+    if len(rounds) <= MAX_ROUND_ROWS:
+        return None
+    out: list[tuple[int, int, PhaseStats]] = []
+    lo, width = ROUNDS_ONE_BY_ONE + 1, ROUNDS_ONE_BY_ONE
+    keys = sorted(rounds)
+    for r in keys:
+        if r <= ROUNDS_ONE_BY_ONE:
+            out.append((r, r, rounds[r]))
+    last = keys[-1]
+    while lo <= last:
+        hi = lo + width - 1
+        inside = [rounds[r] for r in keys if lo <= r <= hi]
+        if inside:
+            band = PhaseStats()
+            for st in inside:
+                band.merge(st)
+            out.append((lo, min(hi, last), band))
+        lo, width = hi + 1, width * 2
+    return out
+
 
 _OK_ONLY = {p: BY_NAME[p].ok_only for p in REPORT_PHASES}
 

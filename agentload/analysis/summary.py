@@ -14,7 +14,7 @@ from agentload.analysis.passes import one_pass
 from agentload.analysis.verdict import FactsAccumulator, agent_outcomes, diagnose, is_server_error
 from agentload.records import Record
 from agentload.records.rundir import RunData
-from agentload.analysis.stats import RoundStats, SparseHistogram, percentiles_ms
+from agentload.analysis.stats import RoundStats, SparseHistogram, percentiles_ms, round_bands
 from agentload.analysis.target_evidence import router_warnings, scrape_summary
 
 MIN_SAMPLES_PER_ROUND = 10
@@ -172,6 +172,12 @@ def build_summary(data: RunData, sp: SummaryPass | None = None) -> dict[str, Any
         "agents": agents,
         "warnings": warnings_for(data, rounds, sp),
     }
+    bands = round_bands(rounds)
+    if bands is not None:  # what the tables show of a long run; "rounds" keeps every round
+        summary["round_bands"] = [
+            {"rounds": [lo, hi], **st.counts(), "phases": st.phases(), "thin": st.completed < MIN_SAMPLES_PER_ROUND}
+            for lo, hi, st in bands
+        ]
     te = timing_error(sp)
     if te is not None:
         summary["timing_error"] = te

@@ -75,15 +75,21 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
         con.print(f"target metrics {url}: {st['ok']} scrapes ok, {st['failed']} failed, {st['series']} series"
                   + (f" (e.g. {st['errors'][0]})" if st.get("errors") else "") + " -> target_metrics.jsonl",
                   soft_wrap=True, markup=False)
-    thin = any(r.get("thin") for r in summary["rounds"])
+    rows = summary.get("round_bands") or summary["rounds"]  # a long run: later rounds in bands
+    thin = any(r.get("thin") for r in rows)
     title = "per round: p50 / p99 ms" + ("  (* fewer than 10 completed: p99 is about the max)" if thin else "")
+    if summary.get("round_bands"):
+        first_band = next(b["rounds"][0] for b in summary["round_bands"] if b["rounds"][0] != b["rounds"][1])
+        title += f"  (rounds {first_band}+ in bands)"
     table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for col in ("round", "req", "ok", "err", "stall"):
         table.add_column(col, justify="right")
     for p in _PHASE_COLS:
         table.add_column(p, justify="right")
-    for r in summary["rounds"]:
-        table.add_row(f"{r['round']}{'*' if r.get('thin') else ''}", str(r["requests"]), str(r["completed"]), str(r["errors"]),
+    for r in rows:
+        label = str(r["round"]) if "round" in r else (
+            str(r["rounds"][0]) if r["rounds"][0] == r["rounds"][1] else f"{r['rounds'][0]}-{r['rounds'][1]}")
+        table.add_row(f"{label}{'*' if r.get('thin') else ''}", str(r["requests"]), str(r["completed"]), str(r["errors"]),
                       str(r["stalled"]), *(_cell(r["phases"].get(p)) for p in _PHASE_COLS))
     if summary["rounds"]:
         table.add_row("all", str(tot["requests"]), str(tot["completed"]), str(tot["errors"]),
