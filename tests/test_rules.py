@@ -494,3 +494,16 @@ def test_an_error_threshold_that_is_also_a_round_boundary_says_so():
         run2.error(a, 2, "http_500", prompt_tokens=400)
     thr2 = next(e for e in diagnose(run2.data())["evidence"] if e.startswith("every request at or above"))
     assert "cannot be told apart" not in thr2
+
+
+def test_failed_canaries_keep_the_verdict_from_healthy_but_cut_short_ones_do_not():
+    run = healthy_base()
+    run.add(-1, 1, kind="canary", call=0, outcome="cut_short", ttfb_ms=None, error="cut_short")
+    assert diagnose(run.data())["kind"] == "healthy"
+    run.meta["scenario"]["canary"] = {"timeout_s": 5.0}
+    run.add(-1, 1, kind="canary", call=1, outcome="error", ttfb_ms=None, error="read_timeout",
+            error_msg="Timeout on reading data from socket")
+    v = diagnose(run.data())
+    assert v["kind"] == "canary_failures" and v["agents_stopped"] == 0
+    assert "1 of 1" in v["summary"] and "read_timeout x1" in v["summary"]
+    assert "canary.timeout_s = 5 s" in v["evidence"][0]

@@ -20,7 +20,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlparse
 
-from agentload.records import Record, phase_ns
+from agentload.records import Record, phase_at, phase_ns
 from agentload.records.phases import SERVER_PHASES
 from agentload.analysis.passes import one_pass, order_key
 from agentload.analysis.stats import SparseHistogram, fmt_ms as _ms, pct_ms, quantile_ms
@@ -47,6 +47,7 @@ class Kind(str, Enum):
     BAD_RESPONSES = "bad_responses"  # answers agentload could not read as the protocol says
     OTHER_ERRORS = "other_errors"  # request failures of a class no other rule explains
     NO_TOOL_CALLS = "no_tool_calls"  # mode model: the model answered without a tool call, agents ended early
+    CANARY_FAILURES = "canary_failures"  # canaries failed while no agent finding explains it
 
 
 SATURATION_LAG_MS = 200.0  # event-loop lag at which agentload's own timings stop meaning much
@@ -712,6 +713,27 @@ def rule_killed_while_stalled(f: Facts) -> Finding | None:
                        f"round {k.split('/')[0]} {k.split('/')[1]}: {n}" for k, n in sorted(last_stalled.items()))])
 
 
+def rule_canary_failures(f: Facts) -> Finding | None:
+    """Canaries (a fresh connection and a short prompt every canary.every_s) that failed are
+    something agentload did not see go right, even when every agent request did. A canary the run
+    cut short at its end is neither a success nor a failure. Behind a server stall the canaries
+    are that rule's evidence, not a finding of their own."""
+    if f.server_stalls:
+        return None
+    failed = [c for c in f.canaries if c.outcome not in ("ok", "cut_short")]
+    if not failed:
+        return None
+    sent = sum(1 for c in f.canaries if c.outcome != "cut_short")
+    timeout = (f.scenario.get("canary") or {}).get("timeout_s")
+    fnd = Finding(Kind.CANARY_FAILURES,
+                  f"canaries failed: {len(failed)} of {sent} (fresh connection, short prompt) "
+                  f"({fmt_counts(Counter(c.error or c.outcome for c in failed))})",
+                  phase_at(failed[0].t, failed[0].reused))
+    fnd.evidence.append(f"sample message: {failed[0].error_msg}"
+                        + (f" (a canary gives up at its own canary.timeout_s = {timeout:g} s)" if timeout else ""))
+    return fnd
+
+
 RULES: list[Callable[[Facts], Finding | None]] = [
     rule_agentload_error,
     rule_client_saturated,
@@ -723,6 +745,7 @@ RULES: list[Callable[[Facts], Finding | None]] = [
     rule_bad_responses,
     rule_other_errors,
     rule_no_tool_calls,
+    rule_canary_failures,
     rule_killed_while_stalled,
 ]
 
