@@ -39,6 +39,8 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
 
     if workers > 1 and metrics_port is not None:
         raise UserError("--metrics-port is not supported with --workers yet (each worker has its own state)")
+    if workers > 1 and sc.fleet.enabled:
+        raise UserError(f"{sc.source}: [fleet] runs in one process: leave out --workers")
     check_secrets(sc)
     prepare_run_dir(run_dir)
     hint = endpoint_hint(sc.target.endpoint)
@@ -46,8 +48,14 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
         log(f"agentload: warning: {hint}")
     mock = None
     view = None
+    fleet = schedule = None
+    extra_meta: dict[str, Any] = {}
     try:
-        if sc.target.endpoint is None:
+        if sc.fleet.enabled:
+            fleet, schedule, sc = start_fleet(sc, run_dir, log)
+            base_url = fleet.endpoint or ""
+            extra_meta["fleet"] = fleet.meta(sc.schedule)
+        elif sc.target.endpoint is None:
             mock = MockProcess.start(sc.mock)
             base_url = mock.url
         else:
@@ -61,16 +69,37 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
         else:
             use_uvloop()
             view = LiveLine(run_dir=str(run_dir)) if live else None  # its clock starts with the run
-            outcome = asyncio.run(execute(sc, run_dir, base_url, embedded_mock=mock is not None,
-                                          on_tick=view, install_signals=install_signals,
-                                          metrics_port=metrics_port))
+            outcome = asyncio.run(execute(
+                sc, run_dir, base_url, embedded_mock=mock is not None, on_tick=view,
+                install_signals=install_signals, metrics_port=metrics_port, extra_meta=extra_meta,
+                on_started=(lambda meta: schedule.start(meta["t0_ns"])) if schedule is not None else None))
     finally:
         if view is not None:
             view.close()
+        if schedule is not None:
+            schedule.stop()
+        if fleet is not None:
+            fleet.stop()
         if mock is not None:
             mock.stop()
     summary, text = write_reports(run_dir)
     return Launched(outcome, summary, text)
+
+
+def start_fleet(sc: Scenario, run_dir: Path, log) -> tuple[Any, Any, Scenario]:
+    """Start the scenario's fleet and router; returns them, the schedule (not yet started) and the
+    scenario with the router's metrics URL added to what the scraper reads."""
+    import dataclasses
+
+    from agentload.fleet.fleet import Fleet
+    from agentload.fleet.schedule import Schedule
+
+    fleet = Fleet(sc.fleet, sc.router, sc.mock, sc.target.model, run_dir, log)
+    fleet.start(external_endpoint=sc.target.endpoint)
+    if fleet.metrics_url and fleet.metrics_url not in sc.target.metrics_urls:
+        sc = dataclasses.replace(sc, target=dataclasses.replace(
+            sc.target, metrics_urls=[*sc.target.metrics_urls, fleet.metrics_url]))
+    return fleet, Schedule(fleet, sc.schedule, run_dir / "schedule.jsonl", log), sc
 
 
 def check_secrets(sc: Scenario) -> None:

@@ -312,28 +312,37 @@ def parse_value(text: str) -> Any:
 
 
 def apply_sets(raw: dict[str, Any], items: Iterable[str], *, form: str, under: str | None = None,
-               depth: int = 1, source: str = "--set") -> list[str]:
+               depth: int = 1, source: str = "--set", whole: tuple[str, ...] = ()) -> list[str]:
     """Apply `dotted.path=value` items onto `raw` in place; return the dotted paths written
     (with the tables made on the way).
 
     `under` is a table every path is inside (its name as a first part is optional: the mock's
     `hang_s=5` is `mock.hang_s=5`); `depth` is the fewest parts a path has (`section.key`: 2).
-    A table on the way is made where there is none; a value that is not a table stops it."""
+    A table on the way is made where there is none; a value that is not a table stops it. A list
+    on the way is indexed by a number (`schedule.0.at_s=30`); names in `whole` may be set with
+    fewer parts (`schedule=[...]`, a list of tables)."""
     written = []
     for item in items:
         path, sep, text = item.partition("=")
         parts = [p.strip() for p in path.split(".")]
         if under is not None and parts[0] != under:
             parts.insert(0, under)
-        if not sep or not all(parts) or len(parts) - (under is not None) < depth:
+        short = len(parts) - (under is not None) < depth and not (len(parts) == 1 and parts[0] in whole)
+        if not sep or not all(parts) or short:
             raise ScenarioError(source, (path.strip() if sep else "") or item.strip(), f"expected {form}")
         node = raw
         for i, p in enumerate(parts[:-1]):
+            if isinstance(node, list):
+                if not p.isdigit() or int(p) >= len(node):
+                    raise ScenarioError(source, ".".join(parts), f"expected an index below {len(node)} "
+                                                                  f"for {'.'.join(parts[:i])}, got {p}")
+                node = node[int(p)]
+                continue
             nxt = node.get(p)
             if nxt is None:
                 nxt = node[p] = {}
                 written.append(".".join(parts[:i + 1]))  # a table made here: whatever it lacks is the item's
-            if not isinstance(nxt, dict):
+            if not isinstance(nxt, (dict, list)):
                 raise ScenarioError(source, ".".join(parts), f"expected {'.'.join(parts[:i + 1])} to be a table, "
                                                               f"got {show(nxt)}")
             node = nxt

@@ -21,12 +21,13 @@ LEAVES = {"agentload", "agentload.errors", "agentload.redact", "agentload.tokens
 ALLOWED = {
     "records": set(),
     "mock": set(),
-    "run": {"records", "mock"},  # the run path embeds the mock's config model in the scenario
+    "fleet": {"mock"},  # backends are mock processes; fleet/config.py embeds the mock's config model
+    "run": {"records", "mock", "fleet"},  # the scenario embeds the mock's and the fleet's config models
     "analysis": {"records"},
     "report": {"analysis", "records"},
     "compare": {"launch", "run", "analysis", "report", "records"},
-    "launch": {"run", "analysis", "report", "records", "mock"},
-    "cli": {"run", "analysis", "report", "records", "compare", "launch", "mock"},
+    "launch": {"run", "analysis", "report", "records", "mock", "fleet"},
+    "cli": {"run", "analysis", "report", "records", "compare", "launch", "mock", "fleet"},
 }
 
 

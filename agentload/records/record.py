@@ -31,11 +31,13 @@ class Trace:
     __slots__ = ("kind", "agent", "round", "call", "request_id", "messages", "prompt_bytes",
                  "prompt_tokens", "t", "reused", "chunks", "token_chunks", "comments", "last_token",
                  "max_gap", "max_gap_at", "stalled_phase", "stalled_at", "gave_up", "timeout_cm",
-                 "bytes_in", "server_first_token_ns", "bad_events", "id_sent")
+                 "bytes_in", "server_first_token_ns", "bad_events", "id_sent", "conversation")
 
     def __init__(self, kind: str, agent: int, round_: int, call: int, request_id: str,
-                 messages: int, prompt_bytes: int, prompt_tokens: int, intended: int | None = None):
+                 messages: int, prompt_bytes: int, prompt_tokens: int, intended: int | None = None,
+                 conversation: int = 0):
         self.kind = kind
+        self.conversation = conversation
         self.agent = agent
         self.round = round_
         self.call = call
@@ -114,18 +116,28 @@ class Record:
     # derived from request_id, see agentload.run.request.sent_request_id): what a server's or
     # router's log shows, so its lines join to this record. None: no id header was sent.
     id_sent: str | None = None
+    # The backend that answered, as it names itself in `system_fingerprint` (agentload's mock puts
+    # its name there; routers pass the field through), so records attribute requests to backends.
+    backend: str | None = None
+    # usage.prompt_tokens_details.cached_tokens, where the server reports it (vLLM, SGLang, the mock
+    # with its prefix cache): the prompt tokens the server did not have to compute again.
+    cached_tokens: int | None = None
+    # Which conversation of this agent (0, 1, ...): a closed-loop agent with `agents.restart`
+    # starts a new conversation, round 1 again, when it finished one.
+    conversation: int = 0
 
     @classmethod
     def from_trace(cls, run: str, tr: Trace, *, outcome: str, status: int | None = None,
                    error: str | None = None, error_msg: str | None = None,
                    server_prompt_tokens: int | None = None, output_tokens: int | None = None,
-                   finish_reason: str | None = None, tool_calls: int = 0) -> "Record":
+                   finish_reason: str | None = None, tool_calls: int = 0, backend: str | None = None,
+                   cached_tokens: int | None = None) -> "Record":
         return cls(RECORD_VERSION, run, tr.kind, tr.agent, tr.round, tr.call, tr.request_id,
                    tr.messages, tr.prompt_bytes, tr.prompt_tokens, server_prompt_tokens,
                    output_tokens, status, outcome, error, error_msg, tr.stalled_phase, tr.reused,
                    finish_reason, tool_calls, tr.chunks, tr.token_chunks, tr.comments,
                    tr.max_gap, tr.max_gap_at, dict(tr.t), tr.server_first_token_ns, tr.bad_events,
-                   tr.id_sent)
+                   tr.id_sent, backend, cached_tokens, tr.conversation)
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
@@ -142,7 +154,8 @@ class Record:
 
 
 _FIELDS = tuple(Record.__dataclass_fields__)
-_OPTIONAL = frozenset({"server_first_token_ns", "bad_events", "id_sent"})
+_OPTIONAL = frozenset({"server_first_token_ns", "bad_events", "id_sent", "backend", "cached_tokens",
+                       "conversation"})
 
 
 class RecordWriter:

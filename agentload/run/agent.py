@@ -13,6 +13,7 @@ the fault as agentload's own, so the verdict does not blame the server for it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import TYPE_CHECKING
 
@@ -52,6 +53,8 @@ def _record(ctx: "RunContext", trace: Trace, result: Result) -> Record:
     if not isinstance(usage, dict):  # "usage": "n/a", a list, ...: not usage
         usage = None
     fr = cs.finish_reason if cs is not None else None
+    fp = cs.fingerprint if cs is not None else None
+    details = usage.get("prompt_tokens_details") if usage else None
     return Record.from_trace(
         ctx.run_id, trace, outcome=outcome, status=result.status, error=result.error,
         error_msg=result.error_msg,
@@ -59,6 +62,8 @@ def _record(ctx: "RunContext", trace: Trace, result: Result) -> Record:
         output_tokens=_int_or_none(usage.get("completion_tokens")) if usage else None,
         finish_reason=fr if isinstance(fr, str) else None,
         tool_calls=len(cs.tool_calls) if cs is not None else 0,
+        backend=fp[:200] if type(fp) is str and fp else None,
+        cached_tokens=_int_or_none(details.get("cached_tokens")) if type(details) is dict else None,
     )
 
 
@@ -119,77 +124,96 @@ async def run_agent(ctx: "RunContext", agent: int, intended_start: int | None = 
     sc = ctx.scenario
     conv_cfg = sc.conversation
     st = ctx.agent_states[agent] = AgentState(agent)
-    conv = Conversation(conv_cfg, sc.target.model, agent_rng(sc.agents.seed, agent), agent, ctx.tools)
+    rng = agent_rng(sc.agents.seed, agent)
     session = ctx.transport.session_for(agent)
     intended = intended_start
     try:
-        for rnd in range(1, sc.agents.rounds + 1):
-            if ctx.stopping:
-                st.state = "cut_short"
+        # With agents.restart, a finished conversation is followed by a new one (round 1 again, from
+        # the same seeded stream) until the run stops: prompt sizes keep their distribution for hours.
+        for k in itertools.count():
+            if k and (ctx.stopping or not sc.agents.restart):
                 break
-            st.round = rnd
-            call = 0
-            errors = 0
-            while True:
-                body = conv.body()
-                rid = f"{ctx.run_id}-a{agent}-r{rnd}-c{call}"
-                trace = Trace("agent", agent, rnd, call, rid, conv.n_messages, len(body), conv.tokens,
-                              intended)
-                intended = None
-                st.state, st.since, st.trace = "request", _now(), trace
-                rec, res = await attempt(ctx, session, trace, body)
-                st.trace = None
-                if rec.outcome == "ok":
-                    break
-                if ctx.stopping:
-                    st.state = "cut_short"
-                    return st
-                if rec.outcome == "stalled":
-                    policy = sc.stall.on_give_up
-                    if policy == "retry" and call < sc.stall.max_retries:
-                        call += 1
-                        continue
-                    if policy == "next_round":
-                        res = None
-                        break
-                    st.state = "stalled"
-                    return st
-                errors += 1
-                if errors > sc.agents.error_retries:
-                    st.state = "error"
-                    return st
-                call += 1
-                wait = min(res.retry_after_s if (res and res.retry_after_s) else 0.2 * errors, RETRY_AFTER_CAP_S)
-                await ctx.sleep(wait)
-                if ctx.stopping:
-                    st.state = "cut_short"
-                    return st
-            st.rounds_completed += 1 if (res is not None) else 0
-            # The assistant turn: what the model said (model mode) or what the script decides.
-            if conv_cfg.mode == "model" and res is not None and res.stream is not None:
-                assistant = res.stream.assistant_message(conv_cfg.assistant_content)
-                if not assistant.get("tool_calls"):
-                    conv.append(assistant)
-                    st.state = "done"
-                    return st
-            else:
-                assistant = conv.scripted_assistant(rnd)
-            conv.append(assistant)
-            if rnd == sc.agents.rounds:
-                break
-            # nothing of this request is needed in the tool time: let it go (10,000 sleeping agents)
-            res = rec = trace = body = None
-            st.state, st.since = "tool", _now()
-            delay = conv.tool_latency_s()
-            if delay > 0:
-                await ctx.sleep(delay)
-            for msg in conv.tool_results(assistant):
-                conv.append(msg)
-            if not assistant.get("tool_calls"):
-                conv.next_user_turn()
+            if await _conversation(ctx, st, Conversation(conv_cfg, sc.target.model, rng, agent, ctx.tools),
+                                   session, k, intended) != "done":
+                return st
+            intended = None
+            st.conversations = k + 1
         if st.state not in ("cut_short",):
             st.state = "done"
         return st
     finally:
         if sc.client.session == "per_agent":
             await ctx.transport.close_agent(agent)
+
+
+async def _conversation(ctx: "RunContext", st: AgentState, conv: Conversation, session, k: int,
+                        intended: int | None) -> str:
+    """One conversation of `sc.agents.rounds` rounds; "done" when it ran its course, else the state the
+    agent ends in (stalled, error, cut_short; also set on `st`)."""
+    sc = ctx.scenario
+    conv_cfg = sc.conversation
+    agent = st.agent
+    for rnd in range(1, sc.agents.rounds + 1):
+        if ctx.stopping:
+            st.state = "cut_short"
+            break
+        st.round = rnd
+        call = 0
+        errors = 0
+        while True:
+            body = conv.body()
+            rid = f"{ctx.run_id}-a{agent}-k{k}-r{rnd}-c{call}" if k else f"{ctx.run_id}-a{agent}-r{rnd}-c{call}"
+            trace = Trace("agent", agent, rnd, call, rid, conv.n_messages, len(body), conv.tokens,
+                          intended, conversation=k)
+            intended = None
+            st.state, st.since, st.trace = "request", _now(), trace
+            rec, res = await attempt(ctx, session, trace, body)
+            st.trace = None
+            if rec.outcome == "ok":
+                break
+            if ctx.stopping:
+                st.state = "cut_short"
+                return st.state
+            if rec.outcome == "stalled":
+                policy = sc.stall.on_give_up
+                if policy == "retry" and call < sc.stall.max_retries:
+                    call += 1
+                    continue
+                if policy == "next_round":
+                    res = None
+                    break
+                st.state = "stalled"
+                return st.state
+            errors += 1
+            if errors > sc.agents.error_retries:
+                st.state = "error"
+                return st.state
+            call += 1
+            wait = min(res.retry_after_s if (res and res.retry_after_s) else 0.2 * errors, RETRY_AFTER_CAP_S)
+            await ctx.sleep(wait)
+            if ctx.stopping:
+                st.state = "cut_short"
+                return st.state
+        st.rounds_completed += 1 if (res is not None) else 0
+        # The assistant turn: what the model said (model mode) or what the script decides.
+        if conv_cfg.mode == "model" and res is not None and res.stream is not None:
+            assistant = res.stream.assistant_message(conv_cfg.assistant_content)
+            if not assistant.get("tool_calls"):
+                conv.append(assistant)
+                return "done"
+        else:
+            assistant = conv.scripted_assistant(rnd)
+        conv.append(assistant)
+        if rnd == sc.agents.rounds:
+            break
+        # nothing of this request is needed in the tool time: let it go (10,000 sleeping agents)
+        res = rec = trace = body = None
+        st.state, st.since = "tool", _now()
+        delay = conv.tool_latency_s()
+        if delay > 0:
+            await ctx.sleep(delay)
+        for msg in conv.tool_results(assistant):
+            conv.append(msg)
+        if not assistant.get("tool_calls"):
+            conv.next_user_turn()
+    return "cut_short" if st.state == "cut_short" else "done"

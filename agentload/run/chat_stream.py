@@ -113,6 +113,7 @@ class ChatStream:
     __slots__ = (
         "id",
         "model",
+        "fingerprint",
         "finish_reason",
         "usage",
         "error",
@@ -133,6 +134,7 @@ class ChatStream:
     def __init__(self) -> None:
         self.id: str | None = None
         self.model: str | None = None
+        self.fingerprint: object = None  # system_fingerprint: the backend that answered
         self.finish_reason: str | None = None
         self.usage: dict | None = None
         self.error: str | None = None  # first in-band error, short
@@ -184,6 +186,7 @@ class ChatStream:
             if self.id is None:
                 self.id = obj.get("id")
                 self.model = obj.get("model")
+                self.fingerprint = obj.get("system_fingerprint")
             try:  # zero-cost unless a field has the wrong type (a str delta, choices: 5, ...)
                 for ch in choices:
                     if type(ch) is not dict or ch.get("index"):
@@ -212,6 +215,7 @@ class ChatStream:
             self.no_choices += 1
             if self.id is None and "id" in obj:
                 self.id = obj.get("id")
+                self.fingerprint = obj.get("system_fingerprint")
                 self.model = obj.get("model")
             err = obj.get("error")
             if err or obj.get("object") == "error":
@@ -325,6 +329,7 @@ class ChatStream:
             self._bad(body)
             return self
         self.id = obj.get("id")
+        self.fingerprint = obj.get("system_fingerprint")
         self.model = obj.get("model")
         token = False
         choices = obj.get("choices")

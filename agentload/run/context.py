@@ -40,6 +40,7 @@ class AgentState:
     since: int = field(default_factory=_now)
     trace: Trace | None = None
     rounds_completed: int = 0
+    conversations: int = 0  # finished conversations (more than one with agents.restart)
 
 
 @dataclass

@@ -314,7 +314,8 @@ async def _supervise(ctx: RunContext, name: str, job: Callable[[], Awaitable[Any
 async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: bool,
                   on_tick: Callable[[RunContext, "Sampler"], None] | None = None,
                   install_signals: bool = True, metrics_port: int | None = None,
-                  worker: "WorkerSpec | None" = None) -> RunOutcome:
+                  worker: "WorkerSpec | None" = None, extra_meta: dict[str, Any] | None = None,
+                  on_started: Callable[[dict[str, Any]], None] | None = None) -> RunOutcome:
     """Run the scenario against base_url, writing run.json, records.jsonl and samples.jsonl
     (and target_metrics.jsonl with [target] metrics_urls, intervals.hlog always); with
     metrics_port, agentload's live state is served in Prometheus format on 127.0.0.1.
@@ -322,7 +323,10 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
     With `worker` (one process of `--workers N`, see agentload.run.workers): the run id and clock
     anchor are the parent's, the files are run-wI.json, records-wI.jsonl, samples-wI.jsonl,
     only this worker's share of the agents runs, canaries only in worker 0, and the agents
-    start when `worker.gate()` returns (all workers at once)."""
+    start when `worker.gate()` returns (all workers at once).
+
+    `extra_meta` goes into run.json (the fleet of a router soak); `on_started(meta)` is called once
+    run.json is written, before any agent starts (the fault schedule starts its clock there)."""
     from agentload.run.transport import Transport
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -333,6 +337,8 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
         sfx = f"-w{worker.index}"
         meta.update(t0_ns=worker.t0_ns, t0_unix=worker.t0_unix, worker=worker.index, workers=worker.count,
                     files_suffix=sfx)
+    if extra_meta:
+        meta.update(extra_meta)
     transport = Transport(sc.client, sc.target, base_url)  # first: a missing secret leaves no half-made run
     _write_json(out_dir / f"run{sfx}.json", meta)
     writer = RecordWriter(out_dir / f"records{sfx}.jsonl")
@@ -357,6 +363,8 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
     loop = asyncio.get_running_loop()
     interrupts = 0
     hard_stop = asyncio.Event()
+    if on_started is not None:
+        on_started(meta)
 
     def on_signal(signame: str) -> None:
         nonlocal interrupts

@@ -22,6 +22,7 @@ import orjson
 
 from agentload.errors import ScenarioError
 from agentload.mock.config import MockConfig
+from agentload.fleet.config import SCHEDULE, FleetConfig, RouterConfig, check_fleet
 from agentload.validate import (At, Check, Choice, Either, Items, Number, Opt, Table, Text, Whole, apply_sets,
                                 build, relabel, setting)
 
@@ -263,6 +264,16 @@ class AgentsConfig:
     rate_per_s: float = setting(1.0, Number(0, above=True))  # open loop: new conversations per second
     rate_dist: Literal["constant", "poisson"] = "poisson"
     error_retries: int = 3  # an HTTP or connection error is retried this often (Retry-After honoured), then the agent stops
+    # closed loop: an agent that finished its conversation starts a new one (round 1 again) until
+    # duration_s, so a soak of hours keeps its prompt sizes instead of growing them all run long
+    restart: bool = False
+
+    def _validate(self, at: At) -> None:
+        if self.restart and self.duration_s is None:
+            (at / "restart").error("expected agents.duration_s with restart = true (agents would never finish)")
+        if self.restart and self.arrival == "open":
+            (at / "restart").error("expected restart = false with arrival = \"open\" (open-loop arrivals start "
+                                   "new conversations on their schedule already)")
 
 
 @dataclass(frozen=True)
@@ -351,13 +362,20 @@ class Scenario:
     stall: StallConfig = StallConfig()
     canary: CanaryConfig = CanaryConfig()
     mock: MockConfig = MockConfig()
+    fleet: FleetConfig = FleetConfig()  # mock backends started for a router soak (agentload.fleet)
+    router: RouterConfig = RouterConfig()
+    schedule: tuple = setting((), SCHEDULE)  # [[schedule]]: faults applied to fleet backends during the run
     description: str = ""
+
+    def _validate(self, at: At) -> None:
+        check_fleet(self.fleet, self.router, self.schedule, self.target.endpoint is not None, at)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"source": self.source, "description": self.description}
         for name in SECTIONS:
             sec = getattr(self, name)
             out[name] = sec.to_dict() if name == "mock" else _section_to_dict(sec)
+        out["schedule"] = [dataclasses.asdict(f) for f in self.schedule]
         return out
 
     def workload_fingerprint(self) -> str:
@@ -380,14 +398,18 @@ class Scenario:
             raise relabel(e, written, label) from None
 
 
-SECTIONS = ("target", "agents", "conversation", "client", "stall", "canary", "mock")
+SECTIONS = ("target", "agents", "conversation", "client", "stall", "canary", "mock", "fleet", "router")
 
 
 def _section_to_dict(sec: Any) -> dict[str, Any]:
     out = {}
     for f in dataclasses.fields(sec):
         v = getattr(sec, f.name)
-        out[f.name] = v.to_json() if isinstance(v, Dist) else v
+        if isinstance(v, Dist):
+            v = v.to_json()
+        elif isinstance(v, tuple) and v and dataclasses.is_dataclass(v[0]):  # fleet.backends
+            v = [dataclasses.asdict(x) for x in v]
+        out[f.name] = v
     return out
 
 
@@ -401,7 +423,8 @@ def parse_scenario(raw: dict[str, Any], source: str) -> Scenario:
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> list[str]:
     """Apply `section.key=value` items (TOML values) onto the raw scenario; the paths written."""
-    return apply_sets(raw, overrides, form="section.key=value, e.g. client.limit=20", depth=2)
+    return apply_sets(raw, overrides, form="section.key=value, e.g. client.limit=20", depth=2,
+                      whole=("schedule",))
 
 
 def packaged_scenarios() -> list[str]:

@@ -1,0 +1,237 @@
+"""Start a fleet of mock backends and the router under test on free loopback ports; stop them.
+
+Everything listens on 127.0.0.1 only. Each backend is an `agentload.mock` process named by its
+config (`system_fingerprint` in every answer, so records attribute requests to it) that logs every
+request it gets to `fleet/<name>.requests.jsonl` in the run folder (joined to records by request
+id: retries and prefill/decode pairs show there). The router's output goes to `fleet/router.log`.
+A backend stopped or killed by the schedule is restarted on its own port, so the router sees the
+same worker come back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from agentload.errors import UserError
+from agentload.fleet.config import BackendConfig, FleetConfig, RouterConfig
+from agentload.mock.config import MockConfig
+from agentload.mock.process import MockProcess
+from agentload.process import ChildProcess, NotReady
+from agentload.redact import redact
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Backend:
+    """One mock backend: its config, port and process (None while stopped by the schedule)."""
+
+    def __init__(self, index: int, cfg: BackendConfig, mock: MockConfig, port: int, log_path: Path):
+        self.index = index
+        self.name = cfg.name or f"b{index}"
+        self.role = cfg.role
+        self.bootstrap_port = cfg.bootstrap_port
+        self.mock = mock
+        self.port = port
+        self.log_path = log_path
+        self.proc: MockProcess | None = None
+        self.lock = threading.Lock()  # the schedule thread and the fleet's stop never race on proc
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float) -> None:
+        with self.lock:
+            self.proc = MockProcess.start(self.mock, port=self.port, timeout_s=timeout_s)
+            self.port = self.proc.port
+
+    def stop(self, kill: bool = False) -> None:
+        with self.lock:
+            proc, self.proc = self.proc, None
+        if proc is not None:
+            if kill:
+                proc.child.kill()
+                proc.stop(0.5)  # closes its stderr file
+            else:
+                proc.stop(5.0)
+
+    def meta(self, run_dir: Path) -> dict[str, Any]:
+        return {"index": self.index, "name": self.name, "role": self.role, "url": self.base,
+                "request_log": str(self.log_path.relative_to(run_dir))}
+
+
+class Fleet:
+    """The backends and the router of a router soak. `start()` then `stop()` (idempotent)."""
+
+    def __init__(self, fleet: FleetConfig, router: RouterConfig, base_mock: MockConfig, model: str,
+                 run_dir: Path, log: Callable[[str], None]):
+        self.cfg = fleet
+        self.router_cfg = router
+        self.model = model
+        self.run_dir = run_dir
+        self.log = log
+        self.dir = run_dir / "fleet"
+        self.backends: list[Backend] = []
+        base = base_mock.to_dict()
+        for i, b in enumerate(fleet.resolved()):
+            log_path = self.dir / f"{b.name}.requests.jsonl"
+            # each backend's own seed: the same fault draws would otherwise hit every backend at once
+            cfg = MockConfig.from_dict({**base, "seed": base_mock.seed + i, **b.mock, "name": b.name,
+                                        "request_log": str(log_path)}, f"fleet.backends[{i}]")
+            self.backends.append(Backend(i, b, cfg, b.port or 0, log_path))
+        self.router: ChildProcess | None = None
+        self.port: int | None = None
+        self.metrics_port: int | None = None
+        self.endpoint: str | None = None
+        self.metrics_url: str | None = None
+        self.argv: list[str] = []
+
+    # ------------------------------------------------------------ start / stop
+
+    def start(self, external_endpoint: str | None = None) -> str:
+        """Start every backend, then the router; return the endpoint agents send to."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for b in self.backends:
+                b.start(self.cfg.ready_timeout_s)
+            self.log(f"agentload: fleet: {len(self.backends)} mock backends "
+                     + ", ".join(f"{b.name}{'' if b.role == 'worker' else '/' + b.role}=:{b.port}" for b in self.backends))
+            if self.router_cfg.command is None:
+                self.endpoint = external_endpoint
+            else:
+                self._start_router()
+            if self.cfg.settle_s:
+                time.sleep(self.cfg.settle_s)
+            return self.endpoint or ""
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_router(self) -> None:
+        rc = self.router_cfg
+        exe = shlex.split(rc.command or "")[0]
+        if shutil.which(exe) is None and not Path(exe).is_file():
+            raise UserError(f"router.command: program {exe!r} not found (install it, or give its path)")
+        last = ""
+        for _attempt in range(3):  # a free port can be taken between probing and binding
+            self.port, self.metrics_port = free_port(), free_port()
+            self.argv = self.command_argv()
+            log = open(self.dir / "router.log", "ab")
+            try:
+                self.router = ChildProcess.start(self.argv, name=self.kind, stdout=log, stderr=log,
+                                                 die_with_parent=True)
+            finally:
+                log.close()
+            self.endpoint = self.fill(rc.endpoint)
+            self.metrics_url = self.fill(rc.metrics_url) if rc.metrics_url else None
+            try:
+                self._wait_router()
+                self.log(f"agentload: fleet: {self.kind} ready at {self.endpoint} (policy {rc.policy or 'default'})")
+                return
+            except NotReady as e:
+                last = f"{e}; router.log: {self.router_log_tail()}"
+                self.router.kill()
+                if "in use" not in self.router_log_tail():
+                    break
+        raise UserError(f"router.command: the router did not become ready: {last}")
+
+    def _wait_router(self) -> None:
+        n = len(self.backends)
+
+        def ready(status: int, body: bytes) -> bool:
+            if status != 200:
+                return False
+            try:
+                doc = json.loads(body)
+            except ValueError:
+                return True
+            # smg's and vllm-router's /readiness count healthy workers: wait for all of them
+            healthy = doc.get("healthy_workers") if isinstance(doc, dict) else None
+            return not isinstance(healthy, int) or healthy >= n
+
+        assert self.router is not None
+        self.router.wait_url(self.fill(self.router_cfg.ready_url), self.router_cfg.ready_timeout_s, ready,
+                             every_s=0.2)
+        if self.metrics_url:  # a router's Prometheus listener may come up a moment later
+            self.router.wait_url(self.metrics_url, self.router_cfg.ready_timeout_s, every_s=0.2)
+
+    def stop(self) -> None:
+        if self.router is not None:
+            self.router.stop(self.router_cfg.stop_timeout_s)
+        for b in self.backends:
+            try:
+                b.stop()
+            except Exception:  # one backend that will not stop must not keep the others running
+                pass
+
+    # ------------------------------------------------------------ the command line
+
+    @property
+    def kind(self) -> str:
+        if self.router_cfg.kind:
+            return self.router_cfg.kind
+        if self.router_cfg.command:
+            return Path(shlex.split(self.router_cfg.command)[0]).name
+        return "external"
+
+    def _role_urls(self, role: str) -> list[str]:
+        return [b.base for b in self.backends if b.role == role]
+
+    def fill(self, template: str) -> str:
+        return (template.replace("{port}", str(self.port)).replace("{metrics_port}", str(self.metrics_port))
+                .replace("{policy}", self.router_cfg.policy or "").replace("{model}", self.model)
+                .replace("{run_dir}", str(self.run_dir)))
+
+    def command_argv(self) -> list[str]:
+        lists = {
+            "{backend_urls}": [b.base for b in self.backends if b.role == "worker"] or [b.base for b in self.backends],
+            "{prefill_urls}": self._role_urls("prefill"),
+            "{decode_urls}": self._role_urls("decode"),
+            "{prefill_args}": [x for b in self.backends if b.role == "prefill"
+                               for x in (["--prefill", b.base] + ([str(b.bootstrap_port)] if b.bootstrap_port else []))],
+            "{decode_args}": [x for b in self.backends if b.role == "decode" for x in ("--decode", b.base)],
+        }
+        argv: list[str] = []
+        for arg in shlex.split(self.router_cfg.command or ""):
+            if arg in lists:
+                argv.extend(lists[arg])
+            else:
+                argv.append(self.fill(arg))
+        return argv
+
+    def router_log_tail(self, limit: int = 1500) -> str:
+        try:
+            return (self.dir / "router.log").read_text(errors="replace")[-limit:].strip()
+        except OSError:
+            return ""
+
+    # ------------------------------------------------------------ for run.json and the schedule
+
+    def backend(self, ref: int | str) -> Backend:
+        for b in self.backends:
+            if b.index == ref or b.name == ref:
+                return b
+        raise KeyError(ref)
+
+    def meta(self, schedule: tuple) -> dict[str, Any]:
+        return {
+            "mode": self.cfg.mode,
+            "backends": [b.meta(self.run_dir) for b in self.backends],
+            "router": {"kind": self.kind, "policy": self.router_cfg.policy, "endpoint": self.endpoint,
+                       "metrics_url": self.metrics_url,
+                       "command": [redact(a) for a in self.argv] or None},
+            "schedule": [{"index": i, **dataclasses.asdict(f), "backend": self.backend(f.backend).name}
+                         for i, f in enumerate(schedule)],
+        }
