@@ -4,6 +4,7 @@ The `[mock]` table of a scenario, `agentload mock --set key=value`, and the JSON
 the mock subprocess all go through `MockConfig.from_dict`, which checks every field with the
 checks declared on it (agentload.validate, the scenario's mechanism too), so a bad value fails
 the same way, on one line naming the source, the key, what was expected and what was given.
+`LiveFault`, the body of the server's POST /mock/fault, is checked by the same mechanism.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from agentload.validate import At, Choice, Items, Model, Number, Opt, Text, Whol
 
 STYLES = ("vllm", "sglang")
 ERROR_STATUSES = (429, 500, 503)
+LIVE_FAULTS = ("hang", "slow", "errors", "drop", "none")
 # aiohttp 3.14's own default is 3630 s; real servers use far less (uvicorn 5 s, nginx 75 s).
 DEFAULT_KEEPALIVE_S = 75.0
 
@@ -65,6 +67,15 @@ class MockConfig:
     keepalive_timeout_s: float | None = setting(None, Opt(_POSITIVE))
     hang_s: float | None = None  # None = forever (until the client goes)
     reject_protocol_violations: bool = False
+    # a fleet behind a router: the name goes out as system_fingerprint and x-mock-backend, so a
+    # client (or the request log) can tell which backend answered
+    name: str = setting("mock", Text("a backend name (non-blank, one line)", nonblank=True, one_line=True))
+    # automatic prefix caching as vLLM/SGLang do it: capacity in tokens (0 = no cache, and no
+    # prompt_tokens_details in usage), hits counted in whole blocks
+    prefix_cache_tokens: int = 0
+    prefix_block_tokens: int = setting(16, Whole(1))
+    # a file every chat request appends one JSON line to when it ends (see server.py)
+    request_log: str | None = setting(None, Opt(Text("a file path", nonblank=True, one_line=True)))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None, source: str) -> "MockConfig":
@@ -74,3 +85,14 @@ class MockConfig:
         out = dataclasses.asdict(self)
         out["models"] = list(self.models)
         return out
+
+
+@dataclass(frozen=True)
+class LiveFault:
+    """The body of POST /mock/fault: a fault that replaces the live one, for `for_s` seconds
+    (None: until the next POST); "none" clears it. Parameters of other faults are ignored."""
+
+    fault: str = setting(check=Choice(*LIVE_FAULTS))
+    for_s: float | None = setting(None, Opt(_POSITIVE))
+    slow_factor: float = setting(10.0, Number(1))  # below 1 it would be a speed-up, not a fault
+    error_status: int = setting(503, Choice(*ERROR_STATUSES))

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -48,10 +49,14 @@ class MockProcess:
 
     @classmethod
     def start(cls, cfg: MockConfig | None = None, host: str = "127.0.0.1", port: int = 0,
-              timeout_s: float = 15.0) -> "MockProcess":
+              timeout_s: float = 15.0, bind_retry_s: float = 1.0) -> "MockProcess":
+        """Start the mock; `port` 0 picks a free one. A given port that is in use is tried again
+        for `bind_retry_s` (restarting a stopped backend on its port), then it is an error."""
         cfg = cfg or MockConfig()
         cmd = [sys.executable, "-m", "agentload.mock", "--host", host, "--port", str(port),
                "--config-json", json.dumps(cfg.to_dict()), "--watch-stdin"]
+        if port and bind_retry_s > 0:
+            cmd += ["--bind-retry-s", str(bind_retry_s)]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)
         # stderr goes to a file, not a pipe nobody drains: a chatty child must never block on it.
@@ -77,10 +82,33 @@ class MockProcess:
     def reset_stats(self, timeout_s: float = 5.0) -> dict[str, Any]:
         return self._call("POST", "/mock/reset", timeout_s)
 
-    def _call(self, method: str, path: str, timeout_s: float) -> dict[str, Any]:
+    def set_fault(self, fault: str, for_s: float | None = None, timeout_s: float = 5.0,
+                  **params: Any) -> dict[str, Any]:
+        """Set the live fault ("hang", "slow", "errors", "drop"; "none" clears) for `for_s`
+        seconds (None: until changed); `params`: slow_factor, error_status. Returns the fault
+        state (see get_fault); a value the mock refuses is a ValueError with its one-line reason."""
+        body = {"fault": fault, "for_s": for_s, **params}
+        try:
+            return self._call("POST", "/mock/fault", timeout_s, body)
+        except urllib.error.HTTPError as e:
+            if e.code != 400:
+                raise
+            try:
+                reason = json.loads(e.read())["error"]
+            except (ValueError, KeyError, TypeError):
+                reason = f"HTTP 400 from {self.base}/mock/fault"
+            raise ValueError(reason) from None
+
+    def get_fault(self, timeout_s: float = 5.0) -> dict[str, Any]:
+        """{"fault": name or None, "since_s_ago": s or None, "remaining_s": s or None, "applied": n}"""
+        return self._call("GET", "/mock/fault", timeout_s)
+
+    def _call(self, method: str, path: str, timeout_s: float, body: Any = None) -> dict[str, Any]:
         # no proxies: the mock is always on loopback
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        req = urllib.request.Request(self.base + path, method=method, data=b"" if method == "POST" else None)
+        data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
+        req = urllib.request.Request(self.base + path, method=method, data=data,
+                                     headers={"Content-Type": "application/json"} if body is not None else {})
         with opener.open(req, timeout=timeout_s) as resp:
             return json.loads(resp.read())
 

@@ -2,12 +2,15 @@
 subprocess started by MockProcess), and parse `--set key=value` overrides.
 
 A port outside 0-65535 (the OS would take 70000 as 4464) or an address it cannot listen on (in
-use, no such host) is a `UserError` naming the address, before or instead of serving."""
+use, no such host) is a `UserError` naming the address, before or instead of serving. With
+`bind_retry_s`, a port in use is tried again for that long first: a backend restarted on its
+port may find the old process's socket not quite gone yet."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import errno
 import os
 import signal
 import sys
@@ -50,12 +53,12 @@ def _apply(items: Iterable[str], base: Mapping[str, Any] | None, source: str) ->
 
 
 def serve(cfg: MockConfig, host: str = "127.0.0.1", port: int = 8000, ready_line: bool = True,
-          *, watch_stdin: bool = False) -> None:
+          *, watch_stdin: bool = False, bind_retry_s: float = 0.0) -> None:
     """Serve until SIGTERM or SIGINT (or, with watch_stdin, until stdin reaches EOF, i.e. the
     parent process is gone). Prints `AGENTLOAD_MOCK_LISTENING port=<n>` once it accepts connections."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise UserError(f"--port: expected a port 0-65535 (0 picks a free one), got {port}")
-    coro = _serve(cfg, host, port, ready_line, watch_stdin)
+    coro = _serve(cfg, host, port, ready_line, watch_stdin, bind_retry_s)
     try:
         import uvloop
     except ImportError:
@@ -75,15 +78,24 @@ class _EOFWatch(asyncio.Protocol):
         self.stop.set()
 
 
-async def _serve(cfg: MockConfig, host: str, port: int, ready_line: bool, watch_stdin: bool) -> None:
+async def _serve(cfg: MockConfig, host: str, port: int, ready_line: bool, watch_stdin: bool,
+                 bind_retry_s: float = 0.0) -> None:
     from agentload.mock.server import start_server  # aiohttp import only when serving
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    deadline = loop.time() + bind_retry_s
     try:
-        runner, bound = await start_server(cfg, host, port)
+        while True:
+            try:
+                runner, bound = await start_server(cfg, host, port)
+                break
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE or port == 0 or loop.time() >= deadline or stop.is_set():
+                    raise
+                await asyncio.sleep(0.1)
     except OSError as e:  # in use, not an address of this host, no such host
         # uvloop's strerror is a sentence of its own; the errno's text is enough
         why = os.strerror(e.errno) if e.errno and e.errno > 0 else (e.strerror or str(e) or e.__class__.__name__)

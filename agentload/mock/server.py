@@ -3,11 +3,23 @@
 Timeline of one admitted request (all times from admission, i.e. after the `max_running` queue):
 
     headers + role-only chunk      immediately (stream); ttfb therefore measures queueing only
-    first token                    base_latency_ms + prompt_tokens / prefill_tokens_per_s
+    first token                    base_latency_ms + (prompt_tokens - cached_tokens) / prefill_tokens_per_s
     next chunks                    one per `chunk_tokens` tokens at decode_tokens_per_s
     finish, usage, [DONE]          right after the last token
 
-Faults, in the order they are decided:
+Every chunk and every unary answer carries `"system_fingerprint": <name>`, every chat response
+the header `x-mock-backend: <name>`, so a client behind a router sees which backend answered.
+
+Prefix cache (`prefix_cache_tokens` > 0), the automatic prefix caching of vLLM/SGLang, made
+deterministic: the prompt is a chain of nodes, one per message, keyed by the hash of the
+previous key and the message's canonical JSON (the chain starts from the model and the tools;
+the tools' tokens count with the first node). cached_tokens = the tokens of the longest chain
+prefix found in an LRU of nodes, capped at prompt_tokens - 1 and floored to whole
+`prefix_block_tokens` blocks. At admission every node of the prompt is inserted or touched and
+the least recently used nodes go until the cache fits its capacity. Usage then reports
+`"prompt_tokens_details": {"cached_tokens": N}`, as vLLM does; without the cache it does not.
+
+Faults from the config, in the order they are decided:
     error_at_round / error_rate    answered at once, before admission (like a router rejecting)
     max_running                    admission queue; a hang or stall keeps its slot, as on an engine
     hang_above_tokens              nothing at all is sent; after `hang_s` the connection is closed
@@ -21,18 +33,41 @@ Faults, in the order they are decided:
                                    named tool still forces one, "none" still forbids it): 0 plays a
                                    model that never calls one
 
+Live faults, set during a run with POST /mock/fault (`{"fault": F, "for_s": S, "slow_factor": X,
+"error_status": N}`; one at a time, a new one replaces the old, "none" clears, `for_s` ends it by
+itself on the loop clock) and read with GET /mock/fault:
+    hang      the engine stops: no request (in flight or new) gets another token or its finish,
+              new ones not even headers, GET /health does not answer; when it ends every schedule
+              resumes where it stood, shifted by the time the hang lasted (so a hang shorter than
+              a client's give-up looks slow, not hung)
+    slow      base latency x slow_factor and prefill rate / slow_factor for requests admitted
+              while it lasts; decode rate / slow_factor for tokens paced while it lasts
+    errors    every new chat request is answered error_status at once (Retry-After: 1 for 429/503)
+    drop      every stream (in flight or new) is aborted at its next token write; a unary answer
+              sends half its body, then aborts
+
 Non-streaming requests: the whole body is sent when the last token would have been; a stall
 after headers sends status + headers and no body (no pings: they would corrupt the JSON); a
 mid-stream stall delays the body by `for_s`; a drop sends half the Content-Length, then aborts.
 
-Counters are served at GET /mock/stats (and zeroed by POST /mock/reset) so tests can assert
-on what the server really did.
+Request log (`request_log = path`): every chat request appends one JSON line when it ends,
+however it ends, with one write(2) on an O_APPEND descriptor (a SIGKILL loses only the requests
+still in flight): id (as in the X-Request-ID answer header), backend, recv_ns (once the body is
+read, as x-mock-recv-ns) and end_ns (perf_counter_ns: CLOCK_MONOTONIC, comparable with a client's
+stamps on the same host), round, prompt_tokens, cached_tokens (null: no cache, or not admitted),
+status (null if no status line was sent), outcome (ok; error: an injected error status; rejected:
+a 400; client_gone; dropped; cut: closed by the server after hang_s), fault (the live fault at
+receipt), stream.
+
+Counters are served at GET /mock/stats (and zeroed by POST /mock/reset, which keeps the prefix
+cache's contents and the live fault) so tests can assert on what the server really did.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import math
 import os
 import random
@@ -43,11 +78,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from agentload.mock.config import DEFAULT_KEEPALIVE_S, MockConfig
-from agentload.tokens import _WORDS, prompt_tokens, text_tokens
+from agentload.errors import ScenarioError, UserError
+from agentload.mock.config import DEFAULT_KEEPALIVE_S, LiveFault, MockConfig
+from agentload.tokens import _WORDS, message_tokens, prompt_tokens, text_tokens
+from agentload.validate import At, build
 
 _perf_ns = time.perf_counter_ns
 _dumps = orjson.dumps
+_blake = hashlib.blake2b
 
 DONE = b"data: [DONE]\n\n"
 PING = b": ping\n\n"
@@ -73,8 +111,14 @@ async def start_server(cfg: MockConfig, host: str = "127.0.0.1", port: int = 0,
     """Start the app in the running loop; returns the runner (call .cleanup()) and the bound port."""
     runner = web.AppRunner(make_app(cfg), **runner_kwargs(cfg))
     await runner.setup()
+    # reuse_address: a backend restarted on its port must not wait for the old connections'
+    # TIME_WAIT to pass
     site = web.TCPSite(runner, host, port, backlog=backlog, reuse_address=True)
-    await site.start()
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()  # closes the request log; the caller may try again
+        raise
     return runner, runner.addresses[0][1]
 
 
@@ -101,6 +145,7 @@ class Stats:
         self.last_request_ids: collections.deque[str] = collections.deque(maxlen=100)
         self.rounds_seen: collections.Counter[int] = collections.Counter()
         self.max_prompt_tokens = 0
+        self.request_log_errors = 0
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -122,9 +167,94 @@ class Stats:
             "last_request_ids": list(self.last_request_ids),
             "rounds_seen": {str(k): v for k, v in sorted(self.rounds_seen.items())},
             "max_prompt_tokens": self.max_prompt_tokens,
+            "request_log_errors": self.request_log_errors,
             # lets tests check that hung/cancelled requests leave no task behind
             "tasks": len(asyncio.all_tasks()),
         }
+
+
+class PrefixCache:
+    """An LRU of prompt-chain nodes (see the module docstring): node hash -> its tokens."""
+
+    def __init__(self, capacity_tokens: int, block_tokens: int):
+        self.capacity = capacity_tokens
+        self.block = block_tokens
+        self.nodes: collections.OrderedDict[bytes, int] = collections.OrderedDict()
+        self.used = 0
+        self.reset_counters()
+
+    def reset_counters(self) -> None:
+        self.lookups = 0
+        self.hit_requests = 0
+        self.cached_tokens_total = 0
+        self.prompt_tokens_total = 0
+
+    @staticmethod
+    def chain(model: str, tools: list[Any] | None, messages: list[dict[str, Any]]) -> list[tuple[bytes, int]]:
+        """(key, tokens) of each message's node; the tokens add up to prompt_tokens(messages, tools)."""
+        tools_json = _dumps(tools) if tools else b""
+        key = _blake(_dumps(model) + b"\0" + tools_json, digest_size=8).digest()
+        extra = text_tokens(tools_json.decode()) if tools else 0  # counted as tokens.prompt_tokens does
+        out = []
+        for m in messages:
+            # sorted keys: the same message from another client library is the same node
+            key = _blake(key + _dumps(m, option=orjson.OPT_SORT_KEYS), digest_size=8).digest()
+            out.append((key, message_tokens(m) + extra))
+            extra = 0
+        return out
+
+    def admit(self, chain: list[tuple[bytes, int]], ptoks: int) -> int:
+        """Look the prompt up, then insert/touch its nodes; returns its cached tokens."""
+        nodes = self.nodes
+        hit = 0
+        for key, toks in chain:
+            if key not in nodes:
+                break
+            hit += toks
+        # an engine always computes the last token itself, and caches whole blocks only
+        hit = min(hit, ptoks - 1)
+        cached = max(0, hit - hit % self.block)
+        # Leaf first, root last: the shared root of many prompts is then the most recently used,
+        # and eviction takes the tails of prompts before the prefixes others build on (as vLLM
+        # frees a request's blocks in reverse order).
+        used = self.used
+        for key, toks in reversed(chain):
+            if key in nodes:
+                nodes.move_to_end(key)
+            else:
+                nodes[key] = toks
+                used += toks
+        while used > self.capacity:
+            used -= nodes.popitem(last=False)[1]
+        self.used = used
+        self.lookups += 1
+        if cached:
+            self.hit_requests += 1
+        self.cached_tokens_total += cached
+        self.prompt_tokens_total += ptoks
+        return cached
+
+    def snapshot(self) -> dict[str, int]:
+        return {"capacity_tokens": self.capacity, "used_tokens": self.used, "lookups": self.lookups,
+                "hit_requests": self.hit_requests, "cached_tokens_total": self.cached_tokens_total,
+                "prompt_tokens_total": self.prompt_tokens_total}
+
+
+class Rec:
+    """What the request log says of one chat request; filled in as the request goes."""
+
+    __slots__ = ("recv_ns", "fault", "rid", "round", "ptoks", "cached", "status", "outcome", "stream")
+
+    def __init__(self, recv_ns: int, fault: str | None):
+        self.recv_ns = recv_ns
+        self.fault = fault
+        self.rid: str | None = None
+        self.round: int | None = None
+        self.ptoks: int | None = None
+        self.cached: int | None = None
+        self.status: int | None = None
+        self.outcome: str | None = None
+        self.stream = False
 
 
 # ---------------------------------------------------------------- request analysis
@@ -339,11 +469,29 @@ class MockServer:
         self.sem = asyncio.Semaphore(cfg.max_running) if cfg.max_running else None
         self._ids = 0
         self._id_prefix = os.urandom(4).hex()
+        self.cache = PrefixCache(cfg.prefix_cache_tokens, cfg.prefix_block_tokens) if cfg.prefix_cache_tokens else None
+        self._fingerprint = b',"system_fingerprint":' + _dumps(cfg.name)  # goes into every chunk's head
+        self._log_fd: int | None = None
+        # the live fault (POST /mock/fault)
+        self.fault: str | None = None
+        self._slow = 1.0  # the factor in force: 1 unless "slow" is live
+        self._error_status = 503
+        self.running = asyncio.Event()  # cleared while "hang" is live; every write waits for it
+        self.running.set()
+        self._paused_s = 0.0  # seconds hung in all hangs that have ended
+        self._paused_at: float | None = None  # loop time the current hang began
+        self._fault_since: float | None = None
+        self._fault_until: float | None = None
+        self._fault_timer: asyncio.TimerHandle | None = None
+        self._faults_applied = 0
 
     # -- helpers
 
-    def _error(self, status: int, message: str, headers: dict[str, str], etype: str | None = None) -> web.Response:
+    def _error(self, status: int, message: str, headers: dict[str, str], rec: Rec,
+               etype: str | None = None) -> web.Response:
         self.stats.by_status[status] += 1
+        rec.status = status
+        rec.outcome = "rejected" if status == 400 else "error"
         etype = etype or {400: "invalid_request_error", 429: "rate_limit_exceeded"}.get(status, "server_error")
         if status in (429, 503):
             headers = {**headers, "Retry-After": "1"}
@@ -380,10 +528,111 @@ class MockServer:
             await resp.write(PING)
             self.stats.pings += 1
 
+    async def _pace(self, t: float, base: float) -> tuple[float, float]:
+        """Wait until loop time `t` and while hung. A hang that passes meanwhile moves `t` by
+        its length: the engine was stopped, so its schedule resumes where it stood. `base` is
+        `_paused_s` as of the schedule `t` was computed in; returns both, brought up to date."""
+        loop = asyncio.get_running_loop()
+        running = self.running
+        while True:
+            if not running.is_set():
+                await running.wait()  # no polling; a client disconnect cancels it
+            if self._paused_s != base:
+                t += self._paused_s - base
+                base = self._paused_s
+            delay = t - loop.time()
+            if delay <= 0:
+                return t, base
+            await asyncio.sleep(delay)
+
+    # -- the live fault
+
+    def set_fault(self, spec: LiveFault) -> None:
+        """Replace the live fault; "none" clears it. A `for_s` ends it on the loop clock."""
+        loop = asyncio.get_running_loop()
+        if self._fault_timer is not None:
+            self._fault_timer.cancel()
+            self._fault_timer = None
+        name = None if spec.fault == "none" else spec.fault
+        self._apply(name, spec.slow_factor, int(spec.error_status), loop.time())
+        self._faults_applied += 1
+        if name is not None and spec.for_s is not None:
+            self._fault_until = loop.time() + spec.for_s
+            self._fault_timer = loop.call_later(spec.for_s, self._expire)
+
+    def _expire(self) -> None:
+        self._fault_timer = None
+        self._apply(None, 1.0, self._error_status, asyncio.get_running_loop().time())
+
+    def _apply(self, name: str | None, slow_factor: float, error_status: int, now: float) -> None:
+        if name == "hang":
+            if self._paused_at is None:
+                self._paused_at = now
+                self.running.clear()
+        elif self._paused_at is not None:
+            # first the hang's length, then the wake-up: waiters read it to shift their schedules
+            self._paused_s += now - self._paused_at
+            self._paused_at = None
+            self.running.set()
+        self.fault = name
+        self._slow = slow_factor if name == "slow" else 1.0
+        self._error_status = error_status
+        self._fault_since = now
+        self._fault_until = None
+
+    def fault_state(self) -> dict[str, Any]:
+        now = asyncio.get_running_loop().time()
+        since, until = self._fault_since, self._fault_until
+        return {"fault": self.fault,
+                "since_s_ago": None if since is None else round(now - since, 3),
+                "remaining_s": None if until is None else round(max(0.0, until - now), 3),
+                "applied": self._faults_applied}
+
+    def snapshot(self) -> dict[str, Any]:
+        out = self.stats.snapshot()
+        out["backend"] = self.cfg.name
+        out["prefix_cache"] = (self.cache.snapshot() if self.cache is not None else
+                               PrefixCache(0, self.cfg.prefix_block_tokens).snapshot())
+        out["fault"] = self.fault_state()
+        return out
+
+    # -- the request log
+
+    async def open_log(self, app: web.Application) -> None:
+        path = self.cfg.request_log
+        if path is None:
+            return
+        try:
+            self._log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            # not an OSError: serve() would take it for a port it cannot listen on
+            raise UserError(f"request_log: cannot open {path} for appending ({e.strerror or e})") from None
+
+    async def close_log(self, app: web.Application) -> None:
+        if self._fault_timer is not None:  # the loop may close before it fires
+            self._fault_timer.cancel()
+            self._fault_timer = None
+        if self._log_fd is not None:
+            os.close(self._log_fd)
+            self._log_fd = None
+
+    def _log(self, rec: Rec) -> None:
+        line = _dumps({"id": rec.rid, "backend": self.cfg.name, "recv_ns": rec.recv_ns, "end_ns": _perf_ns(),
+                       "round": rec.round, "prompt_tokens": rec.ptoks, "cached_tokens": rec.cached,
+                       "status": rec.status, "outcome": rec.outcome or "error", "fault": rec.fault,
+                       "stream": rec.stream}, option=orjson.OPT_APPEND_NEWLINE)
+        try:
+            os.write(self._log_fd, line)  # one write on O_APPEND: lines never interleave or tear
+        except OSError:
+            self.stats.request_log_errors += 1  # a full disk must not fail the request
+
     # -- routes
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        # a wedged engine's health check does not answer either; the prober's timeout decides
+        while not self.running.is_set():
+            await self.running.wait()
+        return web.json_response({"status": "ok"}, headers={"x-mock-backend": self.cfg.name})
 
     async def models(self, request: web.Request) -> web.Response:
         created = int(time.time())
@@ -391,15 +640,45 @@ class MockServer:
         return web.Response(body=_dumps({"object": "list", "data": data}), content_type="application/json")
 
     async def stats_view(self, request: web.Request) -> web.Response:
-        return web.Response(body=_dumps(self.stats.snapshot()), content_type="application/json")
+        return web.Response(body=_dumps(self.snapshot()), content_type="application/json")
 
     async def reset_view(self, request: web.Request) -> web.Response:
         self.stats.reset()
-        return web.Response(body=_dumps(self.stats.snapshot()), content_type="application/json")
+        if self.cache is not None:
+            self.cache.reset_counters()
+        return web.Response(body=_dumps(self.snapshot()), content_type="application/json")
+
+    async def fault_view(self, request: web.Request) -> web.Response:
+        if request.method == "POST":
+            where = "POST /mock/fault"
+            try:
+                body = orjson.loads(await request.read())
+            except orjson.JSONDecodeError:
+                body = None
+            if not isinstance(body, dict):
+                message = f"{where}: expected a JSON object {{\"fault\": \"hang\"|\"slow\"|\"errors\"|\"drop\"|\"none\", ...}}"
+                return web.Response(status=400, body=_dumps({"error": message}), content_type="application/json")
+            try:
+                spec = build(LiveFault, body, At(where))
+            except ScenarioError as e:
+                return web.Response(status=400, body=_dumps({"error": str(e)}), content_type="application/json")
+            self.set_fault(spec)
+        return web.Response(body=_dumps(self.fault_state()), content_type="application/json")
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
-        recv_ns = _perf_ns()
+        rec = Rec(_perf_ns(), self.fault)
+        try:
+            return await self._chat(request, raw, rec)
+        except asyncio.CancelledError:
+            rec.outcome = "client_gone"  # handler_cancellation: the client closed the connection
+            raise
+        finally:
+            if self._log_fd is not None:
+                self._log(rec)
+
+    async def _chat(self, request: web.Request, raw: bytes, rec: Rec) -> web.StreamResponse:
+        recv_ns = rec.recv_ns
         st = self.stats
         cfg = self.cfg
         st.requests_total += 1
@@ -409,35 +688,40 @@ class MockServer:
         except orjson.JSONDecodeError:
             body = None
         rid = request_id(request, body) if isinstance(body, dict) else request.headers.get("X-Request-ID")
-        rid = rid or f"mock-{self._id_prefix}-{self._ids}"
+        rid = rec.rid = rid or f"mock-{self._id_prefix}-{self._ids}"
         st.last_request_ids.append(rid)
-        headers = {"X-Request-ID": rid, "x-mock-recv-ns": str(recv_ns)}
+        headers = {"X-Request-ID": rid, "x-mock-recv-ns": str(recv_ns), "x-mock-backend": cfg.name}
         if not isinstance(body, dict):
-            return self._error(400, "request body is not a JSON object", headers)
+            return self._error(400, "request body is not a JSON object", headers, rec)
+        rec.stream = bool(body.get("stream"))
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            return self._error(400, "'messages' must be a non-empty list of objects", headers)
+            return self._error(400, "'messages' must be a non-empty list of objects", headers, rec)
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
-            return self._error(400, "'tools' must be a list", headers)
+            return self._error(400, "'tools' must be a list", headers, rec)
 
         round_ = 1
         for m in messages:
             if m.get("role") == "assistant":
                 round_ += 1
+        rec.round = round_
         st.rounds_seen[round_] += 1
-        ptoks = prompt_tokens(messages, tools)
+        ptoks = rec.ptoks = prompt_tokens(messages, tools)
         if ptoks > st.max_prompt_tokens:
             st.max_prompt_tokens = ptoks
         if protocol_violation(messages):
             st.protocol_violations += 1
             if cfg.reject_protocol_violations:
                 return self._error(400, "an assistant message with 'tool_calls' must be followed by tool "
-                                        "messages responding to each 'tool_call_id'", headers)
+                                        "messages responding to each 'tool_call_id'", headers, rec)
 
+        if self.fault == "errors":
+            st.errors_injected += 1
+            return self._error(self._error_status, "injected error (live fault)", headers, rec)
         if cfg.error_at_round == round_ or (cfg.error_rate > 0 and self.fault_rng.random() < cfg.error_rate):
             st.errors_injected += 1
-            return self._error(cfg.error_status, f"injected error (round {round_})", headers)
+            return self._error(cfg.error_status, f"injected error (round {round_})", headers, rec)
 
         # Admission. Queued requests hold nothing; a disconnect while queued cancels the wait.
         if self.sem is not None:
@@ -451,12 +735,13 @@ class MockServer:
         if st.in_flight > st.max_in_flight:
             st.max_in_flight = st.in_flight
         try:
-            return await self._serve(request, body, rid, round_, ptoks, headers)
+            return await self._serve(request, body, rid, round_, ptoks, headers, rec)
         except asyncio.CancelledError:
             st.client_gone += 1  # handler_cancellation: the client closed the connection
             raise
         except ConnectionError:
             st.client_gone += 1  # a write found the transport closed before the cancel arrived
+            rec.outcome = "client_gone"
             return web.Response()
         finally:
             st.in_flight -= 1
@@ -464,16 +749,22 @@ class MockServer:
                 self.sem.release()
 
     async def _serve(self, request: web.Request, body: dict[str, Any], rid: str, round_: int,
-                     ptoks: int, headers: dict[str, str]) -> web.StreamResponse:
+                     ptoks: int, headers: dict[str, str], rec: Rec) -> web.StreamResponse:
         cfg, st = self.cfg, self.stats
         loop = asyncio.get_running_loop()
-        admitted = loop.time()
 
         if cfg.hang_above_tokens is not None and ptoks >= cfg.hang_above_tokens:
             st.hung += 1
             await self._stall(None, cfg.hang_s)
             st.hangs_given_up += 1
+            rec.outcome = "cut"
             return self._cut(request)
+
+        # A live hang: no headers until it ends (a hang that comes later stops the token writes).
+        while not self.running.is_set():
+            await self.running.wait()
+        admitted = loop.time()
+        base = self._paused_s  # hangs from here on shift this request's schedule
 
         stream = bool(body.get("stream"))
         rng = random.Random((cfg.seed << 32) ^ zlib.crc32(rid.encode()))
@@ -481,28 +772,37 @@ class MockServer:
         model = body.get("model") if isinstance(body.get("model"), str) else cfg.models[0]
         cid = f"chatcmpl-{self._id_prefix}{self._ids:08x}"
         created = int(time.time())
-        ttft = cfg.base_latency_ms / 1000.0 + (ptoks / cfg.prefill_tokens_per_s if cfg.prefill_tokens_per_s else 0.0)
+        cached = 0
+        if self.cache is not None:
+            tools = body.get("tools")
+            cached = rec.cached = self.cache.admit(PrefixCache.chain(model, tools, body["messages"]), ptoks)
+        slow = self._slow
+        ttft = cfg.base_latency_ms * slow / 1000.0 + (
+            (ptoks - cached) * slow / cfg.prefill_tokens_per_s if cfg.prefill_tokens_per_s else 0.0)
         stall_after_headers = (cfg.stall_after_headers_above_tokens is not None
                                and ptoks >= cfg.stall_after_headers_above_tokens)
         mid = cfg.stall_mid_stream
         if mid is not None and ptoks < mid.above_tokens:
             mid = None
         drop = cfg.drop_mid_stream_rate > 0 and self.fault_rng.random() < cfg.drop_mid_stream_rate
-        usage = {"prompt_tokens": ptoks, "completion_tokens": plan.completion_tokens,
-                 "total_tokens": ptoks + plan.completion_tokens}
+        usage: dict[str, Any] = {"prompt_tokens": ptoks, "completion_tokens": plan.completion_tokens,
+                                 "total_tokens": ptoks + plan.completion_tokens}
+        if self.cache is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
 
         if not stream:
-            return await self._unary(request, plan, headers, cid, created, model, usage, admitted + ttft,
-                                     stall_after_headers, mid, drop)
+            return await self._unary(request, plan, headers, cid, created, model, usage, admitted + ttft, base,
+                                     stall_after_headers, mid, drop, rec)
 
         resp = web.StreamResponse(status=200, headers={**headers, **SSE_HEADERS})
         await resp.prepare(request)
         st.by_status[200] += 1
+        rec.status = 200
 
         sglang = cfg.style == "sglang"
         # Everything of a chunk but its delta and finish_reason, encoded once per request.
         head = b'data: {"id":"' + cid.encode() + b'","object":"chat.completion.chunk","created":' + str(created).encode() \
-            + b',"model":' + _dumps(model) + b',"choices":[{"index":0,"delta":'
+            + b',"model":' + _dumps(model) + self._fingerprint + b',"choices":[{"index":0,"delta":'
         tail = b',"logprobs":null,"finish_reason":null' + (b',"matched_stop":null}]' if sglang else b"}]")
         tail += b',"usage":null}\n\n' if sglang else b"}\n\n"
         role = b'{"role":"assistant","content":"","reasoning_content":null,"tool_calls":null}' if sglang \
@@ -513,6 +813,7 @@ class MockServer:
             st.stalled += 1
             await self._stall(resp, cfg.hang_s)
             st.hangs_given_up += 1
+            rec.outcome = "cut"
             return self._cut(request)
 
         deltas, toks = plan.deltas, plan.tokens
@@ -533,12 +834,12 @@ class MockServer:
         rate = cfg.decode_tokens_per_s
         batch = rate == 0  # no pacing: coalesce writes between stall/drop points
         pending: list[bytes] = []
+        running = self.running
         t = admitted + ttft
         emitted = 0
         for i in range(n):
-            delay = t - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            if not running.is_set() or self._paused_s != base or t > loop.time():
+                t, base = await self._pace(t, base)
             if mid is not None and emitted >= mid.after_tokens:
                 if pending:
                     await resp.write(b"".join(pending))
@@ -547,10 +848,11 @@ class MockServer:
                 await self._stall(resp, mid.for_s)
                 mid = None
                 t = loop.time()
-            if i == drop_at:
+            if i == drop_at or self.fault == "drop":
                 if pending:
                     await resp.write(b"".join(pending))
                 st.dropped += 1
+                rec.outcome = "dropped"
                 return self._cut(request, abort=True)
             chunk = head + deltas[i] + (finish if i == last else tail)
             if i == 0:
@@ -562,62 +864,70 @@ class MockServer:
                 await resp.write(chunk)
             emitted += toks[i]
             if rate:
-                t += toks[i] / rate
-        if drop_at >= n and drop:
+                t += toks[i] * self._slow / rate  # "slow" paces the tokens sent while it lasts
+        while not running.is_set():
+            await running.wait()
+        if (drop_at >= n and drop) or self.fault == "drop":
             if pending:
                 await resp.write(b"".join(pending))
             st.dropped += 1
+            rec.outcome = "dropped"
             return self._cut(request, abort=True)
         pending.append(end_chunk)
         opts = body.get("stream_options")
         if isinstance(opts, dict) and opts.get("include_usage"):
             pending.append(b'data: {"id":"' + cid.encode() + b'","object":"chat.completion.chunk","created":'
-                           + str(created).encode() + b',"model":' + _dumps(model)
+                           + str(created).encode() + b',"model":' + _dumps(model) + self._fingerprint
                            + b',"choices":[],"usage":' + _dumps(usage) + b"}\n\n")
         pending.append(DONE)
         await resp.write(b"".join(pending))
         await resp.write_eof()
         st.completed += 1
+        rec.outcome = "ok"
         return resp
 
     async def _unary(self, request: web.Request, plan: Plan, headers: dict[str, str], cid: str, created: int,
-                     model: str, usage: dict[str, int], first_token_at: float, stall_after_headers: bool,
-                     mid: Any, drop: bool) -> web.StreamResponse:
+                     model: str, usage: dict[str, Any], first_token_at: float, base: float,
+                     stall_after_headers: bool, mid: Any, drop: bool, rec: Rec) -> web.StreamResponse:
         cfg, st = self.cfg, self.stats
-        loop = asyncio.get_running_loop()
         if stall_after_headers:
             resp = web.StreamResponse(status=200, headers=headers)
             resp.content_type = "application/json"
             await resp.prepare(request)
             st.by_status[200] += 1
+            rec.status = 200
             st.stalled += 1
             await self._stall(None, cfg.hang_s)  # no pings: they would corrupt a JSON body
             st.hangs_given_up += 1
+            rec.outcome = "cut"
             return self._cut(request)
         done_at = first_token_at
         if cfg.decode_tokens_per_s:
-            done_at += plan.completion_tokens / cfg.decode_tokens_per_s
+            done_at += plan.completion_tokens * self._slow / cfg.decode_tokens_per_s
         if mid is not None and plan.completion_tokens > mid.after_tokens:
             st.stalled += 1
             done_at += mid.for_s
-        delay = done_at - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        await self._pace(done_at, base)
         out = {"id": cid, "object": "chat.completion", "created": created, "model": model,
+               "system_fingerprint": cfg.name,
                "choices": [{"index": 0, "message": plan.message, "logprobs": None, "finish_reason": plan.finish}],
                "usage": usage, "mock_sent_ns": _perf_ns()}
         payload = _dumps(out)
-        if drop:
+        if drop or self.fault == "drop":
             resp = web.StreamResponse(status=200, headers=headers)
             resp.content_type = "application/json"
             resp.content_length = len(payload)
             await resp.prepare(request)
             st.by_status[200] += 1
+            rec.status = 200
             await resp.write(payload[: len(payload) // 2])
             st.dropped += 1
+            rec.outcome = "dropped"
             return self._cut(request, abort=True)
         st.by_status[200] += 1
         st.completed += 1
+        rec.status = 200
+        rec.outcome = "ok"
         return web.Response(body=payload, headers=headers, content_type="application/json")
 
 
@@ -630,9 +940,13 @@ def make_app(cfg: MockConfig) -> web.Application:
     server = MockServer(cfg)
     app = web.Application(client_max_size=CLIENT_MAX_SIZE)
     app[MOCK_KEY] = server
+    app.on_startup.append(server.open_log)
+    app.on_cleanup.append(server.close_log)
     app.router.add_post("/v1/chat/completions", server.chat)
     app.router.add_get("/v1/models", server.models)
     app.router.add_get("/health", server.health)
     app.router.add_get("/mock/stats", server.stats_view)
     app.router.add_post("/mock/reset", server.reset_view)
+    app.router.add_get("/mock/fault", server.fault_view)
+    app.router.add_post("/mock/fault", server.fault_view)
     return app
