@@ -44,6 +44,13 @@ LEGEND_FORCE_CLOSE = ("force_close=true: HTTP/1.1 with a fresh connection per re
                       "every request pays connect)")
 
 
+LEGEND_ROUTER = ("router rows: cache hit rate = cached / prompt tokens of the requests that report cached tokens; "
+                 "stickiness = consecutive rounds of a conversation sent to the backend of the round before; "
+                 "first token = request sent -> first token, by round; fault N: seconds from the fault's start to the "
+                 "router's last request to that backend (never: it kept routing there), and from the fault's end "
+                 "to its first request there again (never: it did not use it again)")
+
+
 COMPARE_VERSION = 1
 
 
@@ -90,7 +97,7 @@ class CompareTally:
 def measure_run(data: RunData) -> tuple[dict[str, Any], dict[str, Any], dict[str, list[float]]]:
     """One pass over a run's records: its compare rows, its summary (verdict) and the quantiles
     of its CDF phases."""
-    sp, tally = SummaryPass(), CompareTally()
+    sp, tally = SummaryPass(data), CompareTally()
     one_pass(data, [sp, tally])
     summary = build_summary(data, sp)
     errors = Facts(data, sp.facts).errors  # the failed agent requests, in the requests' order
@@ -112,9 +119,78 @@ def measure_run(data: RunData) -> tuple[dict[str, Any], dict[str, Any], dict[str
         m[f"{p}_p50_ms"] = _phase(summary, p, "p50")
         m[f"{p}_p99_ms"] = _phase(summary, p, "p99")
     m["error_classes"] = dict(Counter(r.error for r in errors).most_common())
+    if summary.get("router"):
+        m.update(router_metrics(summary["router"]))
     hists = sp.rounds.overall.hists  # every agent request's phases (e2e: completed ones)
     dist = {p: quantiles_of(hists[p].histogram()) for p in COMPARE_CDF_PHASES}
     return m, summary, dist
+
+
+def _round_label(x: dict[str, Any]) -> str:
+    if "round" in x:
+        return str(x["round"])
+    lo, hi = x["rounds"]
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def router_metrics(r: dict[str, Any]) -> dict[str, Any]:
+    """A run's router rows (summary.json's `router`): cache hit rate, stickiness, time to first
+    token by round (the same round bands as the run's tables), and per fault how soon the router
+    stopped routing to the faulty backend and used it again."""
+    m: dict[str, Any] = {"cache_hit_rate": r.get("cache_hit_rate"), "stickiness": (r.get("stickiness") or {}).get("share")}
+    for x in r.get("round_bands") or r.get("rounds") or []:
+        label = _round_label(x)
+        tt = x.get("time_to_first_token") or {}
+        m[f"first_token_r{label}_p50_ms"] = tt.get("p50_ms")
+        m[f"first_token_r{label}_p90_ms"] = tt.get("p90_ms")
+    for f in r.get("faults") or []:
+        if not f.get("applied"):
+            continue
+        n = f["number"]
+        m[f"fault{n}_stopped_s"] = f.get("stopped_routing_after_s")
+        again = f.get("used_again_after_s")
+        m[f"fault{n}_used_again_s"] = again if again is not None or not f.get("ended_in_run") else "never"
+        m[f"fault{n}_label"] = f"{f['fault']} {f['backend']}"
+    return m
+
+
+def router_rows(variants: list[dict[str, Any]]) -> list[tuple[tuple[str, ...], str, str | None]]:
+    """The router rows of a comparison: those of every run that has them, in the order they come."""
+    ms = [v["metrics"] for v in variants]
+    if not any("cache_hit_rate" in m for m in ms):
+        return []
+    rows: list[tuple[tuple[str, ...], str, str | None]] = [
+        (("cache_hit_rate",), "cache hit rate", "higher"), (("stickiness",), "stickiness", "higher")]
+    seen: list[str] = []
+    for m in ms:
+        for k in m:
+            if k.startswith("first_token_r") and k.endswith("_p50_ms") and k not in seen:
+                seen.append(k)
+    for k in seen:
+        label = k.removeprefix("first_token_r").removesuffix("_p50_ms")
+        rows.append(((k, k.replace("_p50_ms", "_p90_ms")), f"first token round {label} p50 / p90 ms", "lower"))
+    faults: list[tuple[int, str]] = []
+    for m in ms:
+        for k, v in m.items():
+            if k.startswith("fault") and k.endswith("_label"):
+                n = int(k.removeprefix("fault").removesuffix("_label"))
+                if n not in [x for x, _ in faults]:
+                    faults.append((n, v))
+    for n, label in sorted(faults):
+        rows.append(((f"fault{n}_stopped_s",), f"fault {n} {label}: stopped routing after s", "lower"))
+        rows.append(((f"fault{n}_used_again_s",), f"fault {n} {label}: used again after s", "lower"))
+    return rows
+
+
+def router_view(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """What compare.html charts of a run's router section: cache hit rate and ttft by round."""
+    r = summary.get("router")
+    if not r:
+        return None
+    return {"rounds": [{"label": _round_label(x), "cache_hit_rate": x.get("cache_hit_rate"),
+                        "first_token_p50_ms": (x.get("time_to_first_token") or {}).get("p50_ms"),
+                        "first_token_p90_ms": (x.get("time_to_first_token") or {}).get("p90_ms")}
+                       for x in r.get("round_bands") or r.get("rounds") or []]}
 
 
 def run_metrics(data: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -160,8 +236,10 @@ def fmt_value(key: str, v: Any, metrics: dict[str, Any] | None = None) -> str:
         return "-"
     if key.endswith("_ms"):
         return fmt_ms(v)
-    if key == "reuse_rate":
+    if key in ("reuse_rate", "cache_hit_rate", "stickiness"):
         return f"{v * 100:.0f}%"
+    if key.startswith("fault"):
+        return v if isinstance(v, str) else f"{v:.1f}"
     if key == "duration_s":
         return f"{v:.1f}"
     if key == "rounds_completed" and metrics and metrics.get("rounds_planned"):
@@ -176,8 +254,10 @@ def _rank_key(key: str, v: Any) -> Any:
     if key.endswith("_ms"):
         s = fmt_ms(v)
         return float(s[:-1]) * 1000 if s.endswith("s") else float(s)
-    if key == "reuse_rate":
+    if key in ("reuse_rate", "cache_hit_rate", "stickiness"):
         return round(v * 100)
+    if key.startswith("fault"):
+        return float("inf") if isinstance(v, str) else round(v, 1)  # never: the worst there is
     if key == "duration_s":
         return round(v, 1)
     return v
@@ -259,6 +339,15 @@ def settings_of(meta: dict[str, Any]) -> dict[str, Any]:
     for sec in (*SETTING_SECTIONS, "canary"):
         out.update(_flat(sc.get(sec) or {}, sec))
     out["target.endpoint"] = "embedded mock" if meta.get("embedded_mock") else meta.get("endpoint")
+    # a router soak (run.json has a fleet): the router's settings, the scenario's [router], else what
+    # the fleet says
+    fleet = meta.get("fleet")
+    if isinstance(fleet, dict):
+        out.update(_flat(sc.get("router") or {}, "router"))
+        router = fleet.get("router")
+        if isinstance(router, dict):
+            out.setdefault("router.kind", router.get("kind"))
+            out.setdefault("router.policy", router.get("policy"))
     return out
 
 
@@ -339,9 +428,11 @@ def compare_dirs(paths: list[Path], *, force: bool = False, names: list[str] | N
             "cut_short": summary["run"].get("cut_short"),
             "warnings": summary.get("warnings", []),
             "quantiles_ms": quantiles,
+            **({"router": router_view(summary)} if summary.get("router") else {}),
         })
     rows = []
-    for keys, label, better in ROWS:
+    extra = router_rows(variants)
+    for keys, label, better in ROWS + extra:
         rows.append({"keys": list(keys), "label": label, "better": better,
                      "best": {k: [variants[i]["name"] for i in
                                   best_indices(k, better, [var["metrics"].get(k) for var in variants])]
@@ -349,6 +440,8 @@ def compare_dirs(paths: list[Path], *, force: bool = False, names: list[str] | N
     legend = [LEGEND_BEST, LEGEND_PHASES, LEGEND_STALE, LEGEND_REUSE]
     if any(var["client"].get("force_close") for var in variants):
         legend.append(LEGEND_FORCE_CLOSE)
+    if extra:
+        legend.append(LEGEND_ROUTER)
     sc0 = datas[0].meta.get("scenario") or {}
     agents = sc0.get("agents") or {}
     notes = []

@@ -13,7 +13,8 @@ Who consumes what (for `agentload report` / the end of a run):
 
 - `analysis.summary.SummaryPass`: per-round and overall PhaseStats, the verdict's facts
   (`analysis.verdict.FactsAccumulator`, which also holds the per-agent state behind
-  summary.json's agents), start lateness and timing-error histograms, counts;
+  summary.json's agents), start lateness and timing-error histograms, counts, and (a fleet behind
+  a router) `analysis.router.RouterPass`: per backend, per round, per scheduled fault;
 - `report.html_view.HtmlView`: the timeline's lane sample (`report.timeline.LaneSampler`),
   stalls and errors by round x phase, requests by prompt size, completions by end time;
 - `analysis.compare.CompareTally` (for `agentload compare`): connection and error counts.

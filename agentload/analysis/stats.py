@@ -168,28 +168,41 @@ ROUNDS_ONE_BY_ONE = 10  # a table shows the first rounds one by one ...
 MAX_ROUND_ROWS = 20  # ... and, past this many rounds, the rest in bands that double in width
 
 
-def round_bands(rounds: dict[int, PhaseStats]) -> list[tuple[int, int, PhaseStats]] | None:
-    """(first round, last round, merged stats) for a table of a run with many rounds: rounds 1-10
-    one by one, then 11-20, 21-40, 41-80, ... (each band's percentiles exact, from the merged
-    histograms). None when every round fits in a table row of its own."""
-    if len(rounds) <= MAX_ROUND_ROWS:
+def band_ranges(rounds: Iterable[int]) -> list[tuple[int, int]] | None:
+    """The rows of a table of a run with many rounds, as (first round, last round) over the rounds
+    present: rounds 1-10 one by one, then 11-20, 21-40, 41-80, ... (a band only where a round is).
+    None when every round fits in a table row of its own. Every per-round table uses these bands."""
+    keys = sorted(set(rounds))
+    if len(keys) <= MAX_ROUND_ROWS:
         return None
-    out: list[tuple[int, int, PhaseStats]] = []
+    out = [(r, r) for r in keys if r <= ROUNDS_ONE_BY_ONE]
     lo, width = ROUNDS_ONE_BY_ONE + 1, ROUNDS_ONE_BY_ONE
-    keys = sorted(rounds)
-    for r in keys:
-        if r <= ROUNDS_ONE_BY_ONE:
-            out.append((r, r, rounds[r]))
     last = keys[-1]
     while lo <= last:
         hi = lo + width - 1
-        inside = [rounds[r] for r in keys if lo <= r <= hi]
-        if inside:
-            band = PhaseStats()
-            for st in inside:
-                band.merge(st)
-            out.append((lo, min(hi, last), band))
+        if any(lo <= r <= hi for r in keys):
+            out.append((lo, min(hi, last)))
         lo, width = hi + 1, width * 2
+    return out
+
+
+def round_bands(rounds: dict[int, PhaseStats]) -> list[tuple[int, int, PhaseStats]] | None:
+    """(first round, last round, merged stats) for a table of a run with many rounds (`band_ranges`;
+    each band's percentiles exact, from the merged histograms). None when every round fits in a
+    table row of its own."""
+    ranges = band_ranges(rounds)
+    if ranges is None:
+        return None
+    out: list[tuple[int, int, PhaseStats]] = []
+    for lo, hi in ranges:
+        inside = [rounds[r] for r in sorted(rounds) if lo <= r <= hi]
+        if lo == hi:
+            out.append((lo, hi, inside[0]))
+            continue
+        band = PhaseStats()
+        for st in inside:
+            band.merge(st)
+        out.append((lo, hi, band))
     return out
 
 

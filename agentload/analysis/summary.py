@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentload.analysis.passes import one_pass
+from agentload.analysis.router import RouterPass
 from agentload.analysis.verdict import FactsAccumulator, agent_outcomes, diagnose, is_server_error
 from agentload.records import Record
 from agentload.records.rundir import RunData
@@ -25,9 +26,11 @@ LATE_START_WARN_MS = 50.0
 class SummaryPass:
     """Everything summary.json needs from the records, in one pass (`add` each record):
     per-round and overall phase histograms, the verdict's facts (with the per-agent state the
-    agents' outcomes come from), start lateness and agentload's timing error, and counts."""
+    agents' outcomes come from), start lateness and agentload's timing error, counts, and (given
+    the run's data) the router section (`analysis.router.RouterPass`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, data: RunData | None = None) -> None:
+        self.router = RouterPass(data) if data is not None else None
         self.rounds = RoundStats()
         self.facts = FactsAccumulator()
         self.records = 0
@@ -43,6 +46,8 @@ class SummaryPass:
     def add(self, r: Record) -> None:
         self.rounds.add(r)
         self.facts.add(r)
+        if self.router is not None:
+            self.router.add(r)
         t = r.t
         self.records += 1
         end = t.get("end", 0)
@@ -142,9 +147,18 @@ def timing_error(sp: SummaryPass) -> dict[str, Any] | None:
 
 def summary_pass(data: RunData) -> SummaryPass:
     """A pass over the run's records with only the summary's consumer."""
-    sp = SummaryPass()
+    sp = SummaryPass(data)
     one_pass(data, [sp])
     return sp
+
+
+def router_section(data: RunData, sp: SummaryPass) -> dict[str, Any] | None:
+    """summary.json's `router` (None without a fleet or a record that names its backend): from the
+    pass when it carried the router's consumer (`SummaryPass(data)`), else from a pass of its own."""
+    if sp.router is None:
+        sp.router = RouterPass(data)
+        one_pass(data, [sp.router])
+    return sp.router.result()
 
 
 def build_summary(data: RunData, sp: SummaryPass | None = None) -> dict[str, Any]:
@@ -184,6 +198,9 @@ def build_summary(data: RunData, sp: SummaryPass | None = None) -> dict[str, Any
     tm = scrape_summary(data.target_metrics)
     if tm is not None:
         summary["target_metrics"] = tm
+    router = router_section(data, sp)
+    if router is not None:
+        summary["router"] = router
     late = summary["run"].get("start_late_ms")
     if late and late["p99"] >= LATE_START_WARN_MS:
         summary["warnings"].append(f"open-loop starts ran late: p99 {late['p99']:.0f} ms, max {late['max']:.0f} ms "

@@ -4,12 +4,15 @@
 - `SizeCounts`: how many requests had each prompt size (bounded by the distinct sizes, not by
   the number of requests), answering "how many at or above N" and "the largest below N";
 - `FirstSeenCounts`: a Counter whose ties keep the order in which the values first appeared in
-  the requests' order, as a Counter built over a sorted list does.
+  the requests' order, as a Counter built over a sorted list does;
+- `TimeCounts`: events per label over time in a fixed number of buckets (counts per cell of time,
+  not the events), for the over-time charts of a run whose end is not known before the pass.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections import Counter
 from typing import Any, Hashable
 
@@ -112,3 +115,67 @@ class FirstSeenCounts:
     def counter(self) -> Counter:
         """A Counter whose insertion order is the order of first appearance."""
         return Counter({v: self.counts[v] for v in sorted(self.counts, key=self.first.__getitem__)})
+
+
+def nice_width(x: float) -> float:
+    """The smallest of 1, 2, 5 x 10^k that is >= x (every such width is a whole number of any
+    smaller power of ten: what `TimeCounts` regroups its cells into)."""
+    if x <= 0:
+        return 1.0
+    k = math.floor(math.log10(x))
+    for m in (1, 2, 5, 10):
+        w = m * 10.0 ** k
+        if w >= x * (1 - 1e-12):
+            return float(f"{w:.12g}")
+    return float(f"{10.0 ** (k + 1):.12g}")
+
+
+class TimeCounts:
+    """Events per label over time, in about `buckets` buckets of a 1-2-5 width over the run, kept as
+    counts per cell (never the events): cells of 10 ms that coarsen tenfold whenever a cell index
+    passes MAX_CELLS, so memory is bounded by the run's length in cells, not by the events. The
+    run's end need not be known until `result`; every bucket width it can choose then is a whole
+    number of cells."""
+
+    BASE_NS = 10_000_000
+    MAX_CELLS = 4000
+
+    def __init__(self, t0_ns: int, buckets: int = 60):
+        self.t0 = t0_ns
+        self.buckets = buckets
+        self.cell_ns = self.BASE_NS
+        self.cells: dict[Hashable, dict[int, int]] = {}
+
+    def add(self, label: Hashable, t_ns: int) -> None:
+        cell = max(0, t_ns - self.t0) // self.cell_ns
+        while cell >= self.MAX_CELLS:
+            self._coarsen()
+            cell = max(0, t_ns - self.t0) // self.cell_ns
+        c = self.cells.get(label)
+        if c is None:
+            c = self.cells[label] = {}
+        c[cell] = c.get(cell, 0) + 1
+
+    def _coarsen(self) -> None:
+        self.cell_ns *= 10
+        for label, c in self.cells.items():
+            out: dict[int, int] = {}
+            for i, n in c.items():
+                out[i // 10] = out.get(i // 10, 0) + n
+            self.cells[label] = out
+
+    def result(self, end_ns: int) -> tuple[float, dict[Hashable, list[int]]]:
+        """(bucket width in s, {label: count per bucket}); the buckets cover t0 .. end_ns (and
+        whatever came later: the last bucket runs to the latest event)."""
+        last_cell = max((max(c) for c in self.cells.values() if c), default=0)
+        span_ns = max(end_ns - self.t0, (last_cell + 1) * self.cell_ns, 1)
+        width_s = max(nice_width(span_ns / 1e9 / self.buckets), self.cell_ns / 1e9)
+        per = max(1, round(width_s * 1e9 / self.cell_ns))  # cells per bucket
+        nb = max(1, -(-(span_ns // self.cell_ns) // per))
+        out: dict[Hashable, list[int]] = {}
+        for label, c in self.cells.items():
+            row = [0] * nb
+            for i, n in c.items():
+                row[min(nb - 1, i // per)] += n
+            out[label] = row
+        return width_s, out

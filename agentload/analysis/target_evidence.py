@@ -48,6 +48,10 @@ class RouterFamily:
     # routed counts an attempt when it is sent (routed - outcomes: not ended); False: when it ends,
     # so nothing in flight shows and a hang is not localised
     counts_at_send: bool = True
+    # gauges of what the router holds in flight: (name, how many the scrape itself adds, what it
+    # counts); agentload.analysis.router compares them with agentload's own requests (a leak: the
+    # router still counts requests after every one of agentload's ended)
+    inflight: tuple[tuple[str, int, str], ...] = ()
 
 
 # smg (SGLang's model gateway, PyPI `smg`): checked against 1.13
@@ -61,7 +65,9 @@ SMG = RouterFamily(
                                          "status or no answer)"),
         ("smg_worker_retries_total", "attempts retried on another worker (per endpoint, not per worker)"),
         ("smg_admission_inflight", "requests holding an admission permit"),
-    ))
+    ),
+    inflight=(("smg_worker_requests_active", 0, "attempts in flight per worker"),
+              ("smg_admission_inflight", 0, "requests holding an admission permit")))
 # vllm-router (PyPI `vllm-router`, a Rust router; not vLLM's production-stack router): checked against 0.1.17.
 # It has no in-flight gauge: routed minus outcomes is what it sent a worker and never saw end.
 VLLM_ROUTER = RouterFamily(
@@ -90,7 +96,10 @@ LITELLM = RouterFamily(
                                                        "APITimeoutError for a stream_timeout, an in-band 408)"),
         ("litellm_deployment_state", "0 healthy, 1 partial outage (a failure), 2 complete outage"),
         ("litellm_in_flight_requests", "HTTP requests in flight at the proxy (all routes, every deployment)"),
-    ))
+    ),
+    # the gauge counts every HTTP request in flight, the /metrics scrape reading it included
+    inflight=(("litellm_in_flight_requests", 1, "HTTP requests in flight at the proxy, the scrape itself "
+                                                "not counted"),))
 ROUTERS = (SMG, VLLM_ROUTER, LITELLM)
 
 # engine gauges read at the stall moment: name -> (who, what it counts)

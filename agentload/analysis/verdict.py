@@ -25,6 +25,7 @@ from agentload.records.phases import SERVER_PHASES
 from agentload.analysis.passes import one_pass, order_key
 from agentload.analysis.stats import SparseHistogram, fmt_ms as _ms, pct_ms, quantile_ms
 from agentload.analysis.tallies import FirstSeenCounts, SizeCounts, Spans
+from agentload.analysis.router import MIN_NAMED_BACKENDS, attribute, backend_evidence, router_inflight
 from agentload.analysis.target_evidence import router_evidence, target_evidence
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ class Kind(str, Enum):
     OTHER_ERRORS = "other_errors"  # request failures of a class no other rule explains
     NO_TOOL_CALLS = "no_tool_calls"  # mode model: the model answered without a tool call, agents ended early
     CANARY_FAILURES = "canary_failures"  # canaries failed while no agent finding explains it
+    ROUTER_LEAK = "router_leak"  # the router still counts requests in flight after every one of agentload's ended
 
 
 SATURATION_LAG_MS = 200.0  # event-loop lag at which agentload's own timings stop meaning much
@@ -170,11 +172,23 @@ class FactsAccumulator:
         self.waited = Waited()
         self.troubled: list[Record] = []  # in the requests' order, once closed
         self.canaries: list[Record] = []
+        self.min_start: int | None = None  # the first start and the last end of any request (canaries too)
+        self.max_end: int | None = None
+        self.backends: set[str] = set()  # backend names the records gave (the first MIN_NAMED_BACKENDS)
         self._closed = False
 
     def add(self, r: Record) -> None:
         self.seq += 1
         key = order_key(r, self.seq)
+        t = r.t
+        s = t.get("start")
+        if s is not None:
+            self.min_start = s if self.min_start is None else min(self.min_start, s)
+        e = t.get("end") if "end" in t else (max(t.values()) if t else None)
+        if e is not None:
+            self.max_end = e if self.max_end is None else max(self.max_end, e)
+        if r.backend is not None and len(self.backends) < MIN_NAMED_BACKENDS:
+            self.backends.add(r.backend)
         if r.kind == "canary":
             self._canaries.append((key, r))
             return
@@ -311,6 +325,16 @@ class Facts:
         """How many rounds before `rnd` the agent completed without a stall."""
         st = self.acc.agent_state.get(agent)
         return st.fine_rounds.count_below(rnd) if st is not None else 0
+
+    @cached_property
+    def attribution(self) -> dict[int, tuple[str | None, str | None]]:
+        """The backend (and in PD mode the prefill worker) of every troubled record: its own
+        `backend`, else the backend logs' line with its request id (read once, for these only)."""
+        return attribute(self.data, self.acc.troubled)
+
+    def backend_lines(self, bad: list[Record], what: str) -> list[str]:
+        """Which backend(s) served `bad` (the requests a finding is about), and the scheduled fault there."""
+        return backend_evidence(self.data, bad, what, self.attribution, len(self.acc.backends))
 
     @cached_property
     def pool_wait_ms(self) -> tuple[float | None, float | None]:
@@ -458,6 +482,7 @@ def rule_server_stall(f: Facts) -> Finding | None:
                   len(affected | queued_agents), len(stopped))
     ev = fnd.evidence
     ev.append(f"stalled requests by round and phase: {_fmt_phase_counts(phases)}")
+    ev.extend(f.backend_lines(st, "stalled"))  # the backend(s) behind a router, where records or logs say it
     if thr_text:
         ev.append(thr_text)
     first_stall: dict[int, int] = {}
@@ -550,6 +575,7 @@ def _error_finding(f: Facts, kind: Kind, errs: list[Record], summary: str, phase
     fnd = Finding(kind, summary, phase, min(by_round), len({r.agent for r in errs}), len(stopped))
     fnd.evidence.append("errors by round: " + ", ".join(f"round {k}: {n}" for k, n in sorted(by_round.items()))
                         + f"; {len(stopped)} agent(s) stopped on them (error_retries exhausted)")
+    fnd.evidence.extend(f.backend_lines(errs, "failed"))  # the backend(s) behind a router
     thr_text, thr = _threshold_evidence(errs, f.fine_prompts, "failed")
     if thr is not None and thr_text:
         first = min(by_round)
@@ -734,6 +760,39 @@ def rule_canary_failures(f: Facts) -> Finding | None:
     return fnd
 
 
+def rule_router_leak(f: Facts) -> Finding | None:
+    """The router still counts requests in flight (its own gauge, at its last scrape) after every
+    one of agentload's requests ended: its accounting leaked, and a load-aware policy sees a worker
+    busier than it is. Read only when agentload knows it had none in flight (the run ended, and its
+    last request ended before that scrape)."""
+    leaks = [x for x in router_inflight(f.data.target_metrics, f.meta, f.acc.min_start, f.acc.max_end)
+             if x["leaked"] > 0]
+    if not leaks:
+        return None
+    top = max(leaks, key=lambda x: x["leaked"])
+    n = top["leaked"]
+    after = (top["last_scrape_s"] - top["agentload_last_end_s"]) if top["agentload_last_end_s"] is not None else None
+    fnd = Finding(Kind.ROUTER_LEAK,
+                  f"router leak: {top['url']} ({top['router']}) still reports {n:g} request(s) in flight "
+                  f"({top['gauge']}) at its last scrape, after agentload had none in flight"
+                  + (f" (its last request ended {after:.1f} s before that scrape)" if after is not None else ""))
+    for x in leaks:
+        line = (f"{x['gauge']} = {x['at_last_scrape']:g} at {x['url']}'s last scrape (+{x['last_scrape_s']:.1f} s; "
+                f"{x['what']})")
+        if x["before_run"] is not None:
+            line += f"; {x['before_run']:g} at the scrape before the run"
+        if x["self_count"]:
+            line += f"; the scrape itself counts {x['self_count']}"
+        line += f": {x['leaked']:g} request(s) the router never saw end"
+        if x["per_worker"]:
+            line += "; per worker: " + ", ".join(f"{w} {v:g}" for w, v in x["per_worker"].items())
+        fnd.evidence.append(line)
+    fnd.evidence.append("agentload had no request in flight then: the run ended and every request's record "
+                        "ended before that scrape; a load-aware routing policy reads these gauges, so the "
+                        "workers they name look busier than they are")
+    return fnd
+
+
 RULES: list[Callable[[Facts], Finding | None]] = [
     rule_agentload_error,
     rule_client_saturated,
@@ -746,6 +805,7 @@ RULES: list[Callable[[Facts], Finding | None]] = [
     rule_other_errors,
     rule_no_tool_calls,
     rule_canary_failures,
+    rule_router_leak,
     rule_killed_while_stalled,
 ]
 
@@ -818,6 +878,9 @@ def agent_outcomes(data: "RunData", acc: FactsAccumulator | None = None) -> list
     stopped_early = bool(data.meta.get("cut_short")) or not data.meta.get("ended", True)
     crashed = {c["agent"]: c for c in data.meta.get("crashes") or [] if c.get("where") == "agent"
                and c.get("agent") is not None}
+    # a shard lost mid-run (`--ray`): its agents' last records may look fine, but they were cut short
+    shard_count = int(data.meta.get("workers") or 1)
+    lost = {int(x["shard"]): x for x in data.meta.get("lost_shards") or [] if isinstance(x, dict) and "shard" in x}
     out = []
     per = acc.agent_state
     for agent in sorted(per):
@@ -833,6 +896,9 @@ def agent_outcomes(data: "RunData", acc: FactsAccumulator | None = None) -> list
             entry.update(outcome="stalled", stalled_round=last.round, stalled_phase=last.stalled_phase)
             if last.outcome == "error":
                 entry["error"] = last.error
+        elif lost and agent % shard_count in lost:
+            entry.update(outcome="cut_short", reason=f"shard {agent % shard_count} lost: "
+                                                     f"{lost[agent % shard_count].get('reason')}")
         elif last is not None and last.outcome == "cut_short":
             entry["outcome"] = "cut_short"
         elif last is not None and last.outcome == "error":

@@ -26,7 +26,7 @@ def write_reports(run_dir: Path, width: int = 120) -> tuple[dict[str, Any], str]
     from agentload.report.html import build_html  # plotly import is slow-ish: only when writing
 
     # one pass over the records feeds the summary (and the verdict) and the HTML report
-    sp, view = SummaryPass(), HtmlView(data)
+    sp, view = SummaryPass(data), HtmlView(data)
     one_pass(data, [sp, view])
     summary = build_summary(data, sp)
     text = redact(render(summary, width=width))

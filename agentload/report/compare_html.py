@@ -136,6 +136,37 @@ def fig_cdf(doc: dict[str, Any]) -> go.Figure:
     return fig
 
 
+def fig_router(doc: dict[str, Any]) -> go.Figure | None:
+    """Runs behind a router: prefix-cache hit rate and time to first token (sent -> first token)
+    p50 by round, one line per run. None when no run has a router section."""
+    vs = [v for v in doc["variants"] if v.get("router")]
+    if not vs:
+        return None
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.08,
+                        subplot_titles=["prefix-cache hit rate by round (%)",
+                                        "time to first token by round: p50 (solid), p90 (dotted), ms"])
+    for i, v in enumerate(doc["variants"]):
+        rounds = (v.get("router") or {}).get("rounds") or []
+        if not rounds:
+            continue
+        color = PALETTE[i % len(PALETTE)]
+        xs = [x["label"] for x in rounds]
+        fig.add_trace(go.Scatter(x=xs, y=[None if x["cache_hit_rate"] is None else round(100 * x["cache_hit_rate"], 1)
+                                          for x in rounds], mode="lines+markers", name=v["name"], legendgroup=v["name"],
+                                 line=dict(color=color)), row=1, col=1)
+        for q, dash in (("first_token_p50_ms", "solid"), ("first_token_p90_ms", "dot")):
+            fig.add_trace(go.Scatter(x=xs, y=[x[q] for x in rounds], mode="lines+markers", name=v["name"],
+                                     legendgroup=v["name"], showlegend=False, line=dict(color=color, dash=dash),
+                                     hovertemplate=f"{_e(v['name'])}<br>round %{{x}} {q[12:15]}: %{{y:.1f}} ms"
+                                                   f"<extra></extra>"), row=1, col=2)
+    fig.update_layout(template=TEMPLATE, height=420, margin=dict(t=60, b=40, l=40, r=10),
+                      legend=dict(orientation="h", y=-0.2))
+    fig.update_xaxes(type="category", title_text="round")
+    fig.update_yaxes(range=[0, 100], row=1, col=1)
+    fig.update_yaxes(rangemode="tozero", row=1, col=2)
+    return fig
+
+
 def verdicts_html(doc: dict[str, Any]) -> str:
     out = []
     for v in doc["variants"]:
@@ -161,6 +192,9 @@ def build_compare_html(doc: dict[str, Any]) -> str:
     w = doc["workload"]
     title = f"agentload compare: {doc.get('scenario')}"
     figs = [("fig-cmp-phases", fig_phases(doc)), ("fig-cmp-counts", fig_counts(doc)), ("fig-cmp-cdf", fig_cdf(doc))]
+    router = fig_router(doc)
+    if router is not None:
+        figs.append(("fig-cmp-router", router))
     r = {fid: _fig_html(f, fid) for fid, f in figs}
     fp = doc.get("fingerprint") or "DIFFERENT between runs (compared with --force)"
     body = [
@@ -176,6 +210,7 @@ def build_compare_html(doc: dict[str, Any]) -> str:
         "<h2>Phase percentiles</h2>", r["fig-cmp-phases"],
         "<h2>Rounds, errors, connections</h2>", r["fig-cmp-counts"],
         "<h2>Distributions</h2>", r["fig-cmp-cdf"],
+        *(["<h2>Behind the router</h2>", r["fig-cmp-router"]] if "fig-cmp-router" in r else []),
         "<h2>Same in every run</h2>", common_html(doc),
         "<p class='note'>Rebuild from the run folders with <code>agentload compare &lt;this folder&gt;</code>; "
         "every number comes from the runs' records.jsonl.</p>",

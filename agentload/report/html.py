@@ -8,7 +8,10 @@ once, in the pass that also builds the summary: what the charts need of them is 
 
 Contents, top to bottom: the verdict and its evidence (and a banner when the run was cut
 short), the run's settings, the agents' swim lanes, per-round phase percentiles, stall and
-error counts by round x phase, stall probability against prompt size, and the run over time.
+error counts by round x phase, stall probability against prompt size, the run over time, the
+target's own metrics, and (a run with a fleet behind a router) the router section
+(`agentload.report.router_chart`). A run with scheduled faults has their windows shaded on every
+chart whose axis is time.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from agentload.records import phases as phase_table
 from agentload.records.rundir import RunData
 from agentload.report.html_view import (MAX_LANES, MAX_TIMELINE_REQUESTS, HtmlView, html_view,  # noqa: F401
                                         nice as _nice, sec as _sec)
+from agentload.report.router_chart import (FaultWindow, add_fault_bands, fault_windows, fig_router_inflight,
+                                           fig_router_rounds, fig_router_share, router_html)
 from agentload.report.target_chart import fig_target_metrics
 from agentload.report.timeline import (GAP_COLORS, GAP_KINDS, GAP_LABELS, REQUEST_PHASES, Lane, end_phase,
                                        request_segments, thin_for_drawing)
@@ -82,7 +87,8 @@ def _hover(rec: Record) -> str:
 # ---------------------------------------------------------------- timeline
 
 
-def fig_timeline(data: RunData, view: HtmlView) -> tuple[go.Figure, str | None, int]:
+def fig_timeline(data: RunData, view: HtmlView, faults: list[FaultWindow] | None = None
+                 ) -> tuple[go.Figure, str | None, int]:
     t0 = view.t0()
     run_end = view.run_end(data.samples)
     pick = view.lanes.pick_lanes(run_end)
@@ -158,6 +164,7 @@ def fig_timeline(data: RunData, view: HtmlView) -> tuple[go.Figure, str | None, 
                                                  line=dict(width=2, color=col))))
     end_s = _sec(run_end, t0)
     fig.add_vline(x=end_s, line=dict(color="#999", width=1, dash="dash"))
+    add_fault_bands(fig, faults or [])
     step = max(1, math.ceil(n / 40))
     ticks = list(range(0, len(lanes), step))  # none when nothing was recorded (n is 1 then, for the height)
     title = "Agents over time: one lane per agent, each request drawn as its phases"
@@ -290,7 +297,7 @@ def _note(fig: go.Figure, row: int, text: str) -> None:
                              hoverinfo="skip"), row=row, col=1)
 
 
-def fig_over_time(data: RunData, view: HtmlView) -> go.Figure:
+def fig_over_time(data: RunData, view: HtmlView, faults: list[FaultWindow] | None = None) -> go.Figure:
     t0 = view.t0()
     end_s, width, nb, done, toks, errs = view.ends.result(t0, view.run_end(data.samples))
     fig = make_subplots(rows=5, cols=1, shared_xaxes=True, vertical_spacing=0.045,
@@ -357,6 +364,7 @@ def fig_over_time(data: RunData, view: HtmlView) -> go.Figure:
                                  hovertext=[_hover(r) for r in bad], hoverinfo="text"), row=5, col=1)
     if not canaries:
         _note(fig, 5, "no canaries in this run ([canary] every_s = 0)")
+    add_fault_bands(fig, faults or [], rows=5)
     fig.update_layout(template=TEMPLATE, height=1250, margin=dict(l=60, r=60, t=40, b=50),
                       barmode="stack", hovermode="x unified",
                       legend=dict(orientation="v", x=1.02, y=1, font=dict(size=10)))
@@ -412,6 +420,19 @@ def settings_html(data: RunData, summary: dict[str, Any]) -> str:
                        ("agents", "agents"), ("conversation", "conversation"), ("canary", "canary")):
         if sc.get(sec):
             parts.append(_kv_table(title, sc[sec]))
+    fleet = m.get("fleet")
+    if isinstance(fleet, dict):  # a router soak: the fleet agentload started (or was pointed at)
+        router = fleet.get("router") or {}
+        parts.append(_kv_table("fleet and router", {
+            "mode": fleet.get("mode"),
+            "backends": ", ".join(f"{b.get('name')} ({b.get('role')}) {b.get('url')}" for b in fleet.get("backends") or []),
+            "router": f"{router.get('kind')}" + (f", policy {router['policy']}" if router.get("policy") else ""),
+            "router endpoint": router.get("endpoint"),
+            "router metrics": router.get("metrics_url"),
+            "schedule": "; ".join(f"{s.get('fault')} {s.get('backend')} at {s.get('at_s')} s"
+                                  + (f" for {s['for_s']} s" if s.get("for_s") is not None else "")
+                                  for s in fleet.get("schedule") or []) or "none",
+        }))
     if run.get("embedded_mock") and sc.get("mock"):
         mock = {k: v for k, v in sc["mock"].items() if v not in (None, 0, 0.0, False) or k in ("seed",)}
         parts.append(_kv_table("embedded mock server (non-default faults shown)", mock))
@@ -478,12 +499,19 @@ def build_html(data: RunData, summary: dict[str, Any], view: HtmlView | None = N
     if view is None:
         view = html_view(data)
     run = summary["run"]
-    timeline, note, shown = fig_timeline(data, view)
+    faults = fault_windows(summary)  # scheduled faults (a router soak): shaded on every chart over time
+    timeline, note, shown = fig_timeline(data, view, faults)
     figs = [("fig-timeline", timeline), ("fig-rounds", fig_rounds(summary)), ("fig-prompt", fig_prompt(view)),
-            ("fig-over-time", fig_over_time(data, view))]
-    target_fig = fig_target_metrics(data)  # [target] metrics_urls: the router's/engines' own series
+            ("fig-over-time", fig_over_time(data, view, faults))]
+    target_fig = fig_target_metrics(data, faults=faults)  # [target] metrics_urls: the router's/engines' own series
     if target_fig is not None:
         figs.append(("fig-target", target_fig))
+    if summary.get("router"):
+        figs.append(("fig-router-share", fig_router_share(summary, faults)))
+        figs.append(("fig-router-rounds", fig_router_rounds(summary)))
+        inflight_fig = fig_router_inflight(data, faults)
+        if inflight_fig is not None:
+            figs.append(("fig-router-inflight", inflight_fig))
     rendered = {fid: _figure_html(f, fid) for fid, f in figs}
     title = f"agentload report: {run.get('scenario')} ({run.get('id')})"
     body = [
@@ -503,6 +531,8 @@ def build_html(data: RunData, summary: dict[str, Any], view: HtmlView | None = N
         *(["<h2>The target's metrics</h2>", "<p class='note'>Scraped from [target] metrics_urls during the run "
            "(target_metrics.jsonl), on the same clock as the requests; dashed: agentload's own view.</p>",
            rendered["fig-target"]] if "fig-target" in rendered else []),
+        *(["<h2>Router and backends</h2>", router_html(summary), rendered["fig-router-share"],
+           rendered["fig-router-rounds"], rendered.get("fig-router-inflight", "")] if summary.get("router") else []),
         f"<p class='note'>Rebuild with <code>agentload report {_e(str(data.path.resolve()))}</code>; "
         f"{view.records:,} records, {len(data.samples):,} samples.</p>",
     ]

@@ -9,14 +9,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentload.records.target_metrics import chosen_series, series_label
+from agentload.report.router_chart import FaultWindow, add_fault_bands
 
 if TYPE_CHECKING:
     from agentload.records.rundir import RunData
 
 
-def fig_target_metrics(data: "RunData", names: list[str] | None = None):
+def fig_target_metrics(data: "RunData", names: list[str] | None = None, faults: list[FaultWindow] | None = None):
     """Chosen target series over time, one row per scraped URL, with agentload's own requests in
-    flight and stalled (from samples.jsonl) dashed on the same axes. None without target metrics."""
+    flight and stalled (from samples.jsonl) dashed on the same axes, and the scheduled fault
+    windows shaded (`faults`). None without target metrics."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -46,6 +48,7 @@ def fig_target_metrics(data: "RunData", names: list[str] | None = None):
                                      line=dict(dash="dash", color="#d62728"), showlegend=row == 1,
                                      legendgroup="own2"), row=row, col=1)
         fig.update_yaxes(title_text="value", rangemode="tozero", row=row, col=1)
+    add_fault_bands(fig, faults or [], rows=rows)
     fig.update_xaxes(title_text="seconds since the run started", row=rows, col=1)
     fig.update_layout(template="plotly_white", height=max(320, 300 * rows), margin=dict(l=60, r=40, t=60, b=50),
                       title=dict(text="The target's own metrics (scraped), beside agentload's view", x=0.01))

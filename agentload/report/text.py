@@ -14,8 +14,6 @@ from agentload.analysis.stats import fmt_ms
 _PHASE_COLS = REPORT_PHASES
 
 
-
-
 _ms = fmt_ms
 
 
@@ -95,6 +93,125 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
         table.add_row("all", str(tot["requests"]), str(tot["completed"]), str(tot["errors"]),
                       str(tot["stalled"]), *(_cell(summary["phases"].get(p)) for p in _PHASE_COLS))
     con.print(table)
+    if summary.get("router"):
+        render_router(con, summary["router"])
     for w in summary.get("warnings", []):
         con.print(f"warning: {w}", soft_wrap=True, markup=False)
     return buf.getvalue()
+
+
+# ---------------------------------------------------------------- the router section
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def _ttft_cell(tt: dict | None) -> str:
+    return "-" if not tt else f"{_ms(tt['p50_ms'])} / {_ms(tt['p90_ms'])}"
+
+
+def _secs(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def router_title(r: dict[str, Any]) -> str:
+    """`ROUTER smg (policy cache_aware) in front of 3 backends: ...` (the section's first line)."""
+    rt = r.get("router") or {}
+    kind = rt.get("kind") or "router"
+    head = f"ROUTER {kind}" + (f" (policy {rt['policy']})" if rt.get("policy") else "")
+    n = len({b["name"] for b in r.get("backends", [])})
+    head += f" in front of {n} backend(s)" + (" (prefill/decode)" if r.get("mode") == "pd" else "")
+    a = r["attribution"]
+    head += (f": {a['attributed']} of {a['requests']} requests attributed to a backend ({a['by_fingerprint']} by "
+             f"system_fingerprint, {a['by_log']} by the backend logs), {a['unattributed']} not")
+    if a.get("retried_across_backends"):
+        head += f"; {a['retried_across_backends']} request id(s) reached 2+ backends of one role (router retries)"
+    return head
+
+
+def fault_line(f: dict[str, Any]) -> str:
+    """`fault 1: hang b2 at 60.0 s for 30 s: 14 requests sent there after it failed, ...`"""
+    what = f"fault {f['number']}: {f['fault']} {f['backend']}"
+    if not f.get("applied"):
+        at = f.get("planned_s")
+        return (what + (f" planned at {at:g} s" if at is not None else "") + ": not applied"
+                + (f" ({f['error']})" if f.get("error") else " (the run ended first)"))
+    what += f" at {f['start_s']:.1f} s" + (f" for {f['for_s']:g} s" if f.get("for_s") is not None else "")
+    parts = []
+    sent = f["sent_there"]
+    if sent.get("backend_log") is not None:
+        parts.append(f"{sent['backend_log']} requests sent there after it failed")
+    else:
+        parts.append(f"{sent['records']} requests answered from there after it failed (records; no backend log)")
+    parts.append(f"{f['client_stalls']} stalled / {f['client_errors']} errors seen by clients")
+    stopped = f.get("stopped_routing_after_s")
+    until = "the fault ended" if f.get("ended_in_run") else "the run ended"
+    if stopped == "never":
+        parts.append(f"router kept routing there until {until}")
+    elif stopped == 0:
+        parts.append("router sent it nothing after it failed")
+    elif stopped is not None:
+        parts.append(f"router stopped routing there after {stopped:.1f} s")
+    if f.get("ended_in_run"):
+        again = f.get("used_again_after_s")
+        parts.append(f"used it again {again:.1f} s after recovery" if again is not None
+                     else "did not use it again after recovery")
+    else:
+        parts.append("the run ended during the fault")
+    return what + ": " + ", ".join(parts)
+
+
+def inflight_line(x: dict[str, Any]) -> str:
+    line = (f"router in flight: {x['url']} {x['gauge']} = {x['at_last_scrape']:g} at the last scrape "
+            f"(+{x['last_scrape_s']:.1f} s)")
+    if x.get("before_run") is not None:
+        line += f", {x['before_run']:g} before the run"
+    if x.get("self_count"):
+        line += f", {x['self_count']} of it the scrape itself"
+    if x.get("agentload_idle"):
+        line += "; agentload had none in flight" + (f": {x['leaked']:g} leaked" if x.get("leaked") else "")
+    else:
+        line += "; agentload may still have had requests in flight (not compared)"
+    return line
+
+
+def render_router(con: Console, r: dict[str, Any]) -> None:
+    """The ROUTER section: attribution, per backend, cache hit and time to first token by round,
+    stickiness, the scheduled faults, the router's in-flight gauges against agentload's."""
+    con.print()
+    con.print(router_title(r), soft_wrap=True, markup=False)
+    con.print("per backend: requests as the records saw them (log: arrivals in the backend's own request log); "
+              "first token: request sent -> first token", soft_wrap=True, markup=False)
+    t = Table(show_edge=False, pad_edge=False)
+    for col in ("backend", "role", "req", "share", "ok", "err", "stall", "first token p50 / p90 ms", "cache hit", "log"):
+        t.add_column(col, justify="left" if col in ("backend", "role") else "right")
+    for b in r.get("backends", []):
+        log = b.get("log")
+        t.add_row(b["name"], b["role"], str(b["requests"]), _pct(b["share"]), str(b["ok"]), str(b["errors"]),
+                  str(b["stalled"]), _ttft_cell(b.get("time_to_first_token")), _pct(b.get("cache_hit_rate")),
+                  str(log["arrivals"]) if log else "-")
+    con.print(t)
+    rows = r.get("round_bands") or r.get("rounds") or []
+    if rows:
+        con.print("by round: prefix-cache hit rate (cached / prompt tokens of the requests that report cached "
+                  "tokens) and time to first token (sent -> first token)", soft_wrap=True, markup=False)
+        t = Table(show_edge=False, pad_edge=False)
+        for col in ("round", "req", "cache hit", "reporting", "first token p50 / p90 ms"):
+            t.add_column(col, justify="right")
+        for x in rows:
+            label = str(x["round"]) if "round" in x else (
+                str(x["rounds"][0]) if x["rounds"][0] == x["rounds"][1] else f"{x['rounds'][0]}-{x['rounds'][1]}")
+            t.add_row(label, str(x["requests"]), _pct(x["cache_hit_rate"]), str(x["reporting_cache"]),
+                      _ttft_cell(x.get("time_to_first_token")))
+        t.add_row("all", str(sum(x["requests"] for x in r.get("rounds", []))), _pct(r.get("cache_hit_rate")),
+                  str(r.get("cache_reporting", 0)), _ttft_cell(r.get("time_to_first_token")))
+        con.print(t)
+    st = r.get("stickiness") or {}
+    if st.get("pairs"):
+        con.print(f"stickiness: {_pct(st['share'])} ({st['same']} of {st['pairs']}) of consecutive rounds of a "
+                  f"conversation went to the backend of the round before", soft_wrap=True, markup=False)
+    for f in r.get("faults", []):
+        con.print(fault_line(f), soft_wrap=True, markup=False)
+    for x in r.get("inflight", []):
+        con.print(inflight_line(x), soft_wrap=True, markup=False)
