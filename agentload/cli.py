@@ -47,6 +47,9 @@ def run(
     live: Annotated[bool, typer.Option(help="Print a live line every second")] = True,
     metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", help="Serve agentload's own live state in Prometheus format at 127.0.0.1:PORT/metrics (0: a free port, printed)")] = None,
     workers: Annotated[int, typer.Option("--workers", help="Run the agents in N processes (own event loop and client pool each: [client] pool settings apply per process); one report")] = 1,
+    ray: Annotated[Optional[str], typer.Option("--ray", help="Run the agents in Ray actors (shards) on this cluster: host:port, 'auto', or 'local' (a throwaway one on this machine); needs --endpoint")] = None,
+    shards: Annotated[int, typer.Option("--shards", help="With --ray: how many shards (actors), each its own event loop and pool")] = 2,
+    shard: Annotated[Optional[str], typer.Option("--shard", help="Run only shard I of N (agents i with i % N == I), e.g. 0/4; join the folders with `agentload merge`")] = None,
 ) -> None:
     """Run a scenario and print its report (verdict first)."""
     from agentload.launch import run_to_dir
@@ -59,6 +62,14 @@ def run(
         _fail(f"--metrics-port: expected a port 0-65535, got {metrics_port}")
     if workers < 1:
         _fail(f"--workers: expected a whole number >= 1, got {workers}")
+    if shards < 1:
+        _fail(f"--shards: expected a whole number >= 1, got {shards}")
+    shard_of = None
+    if shard is not None:
+        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", shard)
+        if not m or int(m.group(2)) < 1 or int(m.group(1)) >= int(m.group(2)):
+            _fail(f"--shard: expected I/N with 0 <= I < N, e.g. 0/4, got {shard!r}")
+        shard_of = (int(m.group(1)), int(m.group(2)))
     overrides = list(set_ or [])
     if endpoint:
         overrides.append(f"target.endpoint={_toml_str(endpoint)}")
@@ -70,12 +81,13 @@ def run(
         _fail(str(e))
     run_dir = out or default_out_dir(sc)
     try:
-        launched = run_to_dir(sc, run_dir, live=live, metrics_port=metrics_port, workers=workers)
+        launched = run_to_dir(sc, run_dir, live=live, metrics_port=metrics_port, workers=workers, ray=ray,
+                              shards=shards, shard=shard_of)
     except UserError as e:
         _fail(str(e))
     summary, text, outcome = launched.summary, launched.text, launched.outcome
     _echo(text)
-    recs = run_dir / ("records-w*.jsonl" if workers > 1 else "records.jsonl")
+    recs = run_dir / ("records-w*.jsonl" if workers > 1 or ray else "records.jsonl")
     _echo(f"records: {recs}  summary: {run_dir / 'summary.json'}  html: {run_dir / 'report.html'}", err=True)
     kind = summary["verdict"]["kind"]
     if outcome.interrupted:
@@ -105,6 +117,25 @@ def mock(
         serve(cfg, host, port)  # a port out of range or in use: one line, exit 2
     except UserError as e:
         _fail(str(e))
+
+
+@app.command()
+def merge(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run folders of `agentload run --shard I/N`, one per shard")],
+    out: Annotated[Path, typer.Option(help="The merged run folder (new or empty)")],
+) -> None:
+    """Join the folders of a run made in shards (`run --shard I/N`) into one run folder and report it;
+    clocks are aligned by each shard's wall-clock anchor (NTP grade, stated in the report)."""
+    from agentload.cluster.shards import merge_dirs
+    from agentload.report.build import write_reports
+
+    try:
+        meta = merge_dirs(run_dirs, out)
+        summary, text = write_reports(out)
+    except UserError as e:
+        _fail(str(e))
+    _echo(text)
+    _echo(f"merged {len(run_dirs)} shard folder(s) into {out}; clock alignment: {meta['clock_alignment']}", err=True)
 
 
 @app.command()

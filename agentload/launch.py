@@ -31,9 +31,12 @@ class Launched:
 
 def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signals: bool = True,
                log=lambda msg: print(msg, file=sys.stderr), metrics_port: int | None = None,
-               workers: int = 1) -> Launched:
+               workers: int = 1, ray: str | None = None, shards: int | None = None,
+               shard: tuple[int, int] | None = None) -> Launched:
     """Run `sc` into run_dir and write every report. With workers > 1 the agents run in that many
-    processes (agentload.run.workers), against one embedded mock shared by all of them."""
+    processes (agentload.run.workers), against one embedded mock shared by all of them. With `ray`
+    (an address, "auto" or "local") the agents run in `shards` Ray actors (agentload.cluster.ray);
+    with `shard` (I, N) only this process's share of the agents runs (`agentload merge` joins them)."""
     from agentload.run.live import LiveLine
     from agentload.mock.process import MockProcess
 
@@ -41,6 +44,16 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
         raise UserError("--metrics-port is not supported with --workers yet (each worker has its own state)")
     if workers > 1 and sc.fleet.enabled:
         raise UserError(f"{sc.source}: [fleet] runs in one process: leave out --workers")
+    if ray is not None:
+        if workers > 1 or shard is not None:
+            raise UserError("--ray: leave out --workers and --shard (Ray places the shards)")
+        if metrics_port is not None:
+            raise UserError("--metrics-port is not supported with --ray yet")
+        if sc.target.endpoint is None:
+            raise UserError(f"{sc.source}: --ray needs [target] endpoint (--endpoint URL): the embedded mock "
+                            f"serves one machine only")
+        if sc.fleet.enabled:
+            raise UserError(f"{sc.source}: [fleet] runs in one process: leave out --ray")
     check_secrets(sc)
     prepare_run_dir(run_dir)
     hint = endpoint_hint(sc.target.endpoint)
@@ -61,7 +74,12 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
         else:
             base_url = sc.target.endpoint
         log(f"agentload: running {sc.source} against {base_url}{' (embedded mock)' if mock else ''} -> {run_dir}")
-        if workers > 1:
+        if ray is not None:
+            from agentload.cluster.ray import run_ray
+
+            outcome = run_ray(sc, run_dir, base_url, ray, shards or 2, install_signals=install_signals,
+                              live=live, log=log)
+        elif workers > 1:
             from agentload.run.workers import run_workers
 
             outcome = run_workers(sc, run_dir, base_url, workers, embedded_mock=mock is not None,
@@ -72,7 +90,8 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
             outcome = asyncio.run(execute(
                 sc, run_dir, base_url, embedded_mock=mock is not None, on_tick=view,
                 install_signals=install_signals, metrics_port=metrics_port, extra_meta=extra_meta,
-                on_started=(lambda meta: schedule.start(meta["t0_ns"])) if schedule is not None else None))
+                on_started=(lambda meta: schedule.start(meta["t0_ns"])) if schedule is not None else None,
+                shard=shard))
     finally:
         if view is not None:
             view.close()

@@ -26,8 +26,10 @@ ALLOWED = {
     "analysis": {"records"},
     "report": {"analysis", "records"},
     "compare": {"launch", "run", "analysis", "report", "records"},
-    "launch": {"run", "analysis", "report", "records", "mock", "fleet"},
-    "cli": {"run", "analysis", "report", "records", "compare", "launch", "mock", "fleet"},
+    "cluster": {"run", "records"},
+    "__main__": {"cli"},  # `python -m agentload`  # shards run the one-process run path
+    "launch": {"run", "analysis", "report", "records", "mock", "fleet", "cluster"},
+    "cli": {"run", "analysis", "report", "records", "compare", "launch", "mock", "fleet", "cluster"},
 }
 
 

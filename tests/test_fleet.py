@@ -146,3 +146,40 @@ def test_pd_incident_stalls_in_round_4_on_the_hanging_decode_worker(tmp_path):
     assert all(r.id_sent in at_d1 for r in stalled)
     # completed answers were streamed by a decode worker, never by a prefill one
     assert {r.backend for r in recs if r.outcome == "ok"} <= {"d0", "d1"}
+
+
+@pytest.mark.litellm
+@pytest.mark.slow
+def test_litellm_already_running_in_front_of_the_fleet_keeps_attribution(tmp_path, monkeypatch):
+    """The other mode: the router runs already (no [router] command); the fleet's backends listen on
+    fixed ports the router was configured with. LiteLLM re-encodes every chunk: the backend's name
+    must survive that (system_fingerprint), else the request log join gives it."""
+    from routerprocs import LiteLLMProcess, litellm_executable
+    from smgproc import free_port
+
+    assert litellm_executable() or not os.environ.get("CI"), "LiteLLM's proxy is missing (.ci/run installs it)"
+    if litellm_executable() is None:
+        pytest.skip("LiteLLM's proxy is missing (.ci/run installs it)")
+    key = "sk-agentload-fleet-test-" + "51e2d84b067f3a9c"
+    monkeypatch.setenv("AGENTLOAD_TEST_FLEET_KEY", key)
+    ports = [free_port(), free_port()]
+    proxy = LiteLLMProcess.start([f"http://127.0.0.1:{p}" for p in ports], tmp_path / "litellm", key)
+    try:
+        out = tmp_path / "run"
+        run_scenario("router-soak-smg", out, [
+            "agents.count=4", "agents.duration_s=6", "agents.rounds=3", "canary.every_s=0", "schedule=[]",
+            f'target.endpoint="{proxy.url}"', 'target.api_key_env="AGENTLOAD_TEST_FLEET_KEY"',
+            "router.command=false", "router.policy=\"simple-shuffle\"",
+            f"fleet.backends=[{{port={ports[0]}}}, {{port={ports[1]}}}]", "fleet.count=2"])
+    finally:
+        proxy.stop()
+    recs = _records(out)
+    assert recs and all(r.outcome == "ok" for r in recs)
+    logged = {line["id"]: line["backend"] for b in ("b0", "b1") for line in _log_lines(out, b)}
+    via_fingerprint = [r for r in recs if r.backend is not None]
+    assert all(r.backend in ("b0", "b1") for r in via_fingerprint)
+    # each request is attributed one way or the other
+    assert all(r.backend is not None or r.id_sent in logged for r in recs), \
+        "a request LiteLLM served could not be attributed to a backend"
+    print(f"attributed by system_fingerprint: {len(via_fingerprint)}/{len(recs)}; by request log: "
+          f"{sum(1 for r in recs if r.id_sent in logged)}/{len(recs)}")

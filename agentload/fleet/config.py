@@ -54,7 +54,9 @@ class _Template(Check):
 
     expected = "a command line (placeholders: " + ", ".join(PLACEHOLDERS) + ")"
 
-    def __call__(self, value: Any, at: At) -> str:
+    def __call__(self, value: Any, at: At) -> str | None:
+        if value is False or value == "":  # `--set router.command=false`: the router runs already
+            return None
         if not isinstance(value, str) or not value.strip():
             at.fail(self.expected, value)
         try:

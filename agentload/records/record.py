@@ -125,6 +125,9 @@ class Record:
     # Which conversation of this agent (0, 1, ...): a closed-loop agent with `agents.restart`
     # starts a new conversation, round 1 again, when it finished one.
     conversation: int = 0
+    # The shard that ran this request (`--ray`, `merge`): its stamps were moved onto the driver's
+    # clock by the shard's estimated offset (run.json `shards` gives each offset's uncertainty).
+    shard: int | None = None
 
     @classmethod
     def from_trace(cls, run: str, tr: Trace, *, outcome: str, status: int | None = None,
@@ -155,7 +158,7 @@ class Record:
 
 _FIELDS = tuple(Record.__dataclass_fields__)
 _OPTIONAL = frozenset({"server_first_token_ns", "bad_events", "id_sent", "backend", "cached_tokens",
-                       "conversation"})
+                       "conversation", "shard"})
 
 
 class RecordWriter:

@@ -315,7 +315,9 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
                   on_tick: Callable[[RunContext, "Sampler"], None] | None = None,
                   install_signals: bool = True, metrics_port: int | None = None,
                   worker: "WorkerSpec | None" = None, extra_meta: dict[str, Any] | None = None,
-                  on_started: Callable[[dict[str, Any]], None] | None = None) -> RunOutcome:
+                  on_started: Callable[[dict[str, Any]], None] | None = None,
+                  on_context: Callable[[RunContext], None] | None = None,
+                  shard: tuple[int, int] | None = None) -> RunOutcome:
     """Run the scenario against base_url, writing run.json, records.jsonl and samples.jsonl
     (and target_metrics.jsonl with [target] metrics_urls, intervals.hlog always); with
     metrics_port, agentload's live state is served in Prometheus format on 127.0.0.1.
@@ -326,7 +328,9 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
     start when `worker.gate()` returns (all workers at once).
 
     `extra_meta` goes into run.json (the fleet of a router soak); `on_started(meta)` is called once
-    run.json is written, before any agent starts (the fault schedule starts its clock there)."""
+    run.json is written, before any agent starts (the fault schedule starts its clock there);
+    `on_context(ctx)` gets the run's context (a Ray shard stops its run through it). `shard` (I, N):
+    only the agents i with i % N == I run, files keep their plain names (`run --shard I/N`)."""
     from agentload.run.transport import Transport
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -345,6 +349,12 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
     ctx = RunContext(sc, run_id, transport.url, transport, writer, tool_schemas(sc.conversation.tools))
     if worker is not None:
         ctx.shard = (worker.index, worker.count)
+    elif shard is not None:
+        ctx.shard = shard
+        meta["shard"] = list(shard)
+        _write_json(out_dir / "run.json", meta)
+    if on_context is not None:
+        on_context(ctx)
 
     def write_crashes() -> None:  # the moment a crash happens: a run killed later still has it
         meta["crashes"] = list(ctx.crashes)
@@ -390,7 +400,7 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
         ("sampler", sampler.run),
         ("lag", sampler.probe_lag),
         ("stall-dumps", functools.partial(dump.watch_stalls, ctx, out_dir, meta["t0_ns"]))]
-    if sc.canary.every_s > 0 and (worker is None or worker.index == 0):
+    if sc.canary.every_s > 0 and (worker is None or worker.index == 0) and ctx.shard[0] == 0:
         jobs.append(("canary", functools.partial(canaries, ctx, itertools.count())))
     jobs.extend(extras.jobs())
     if on_tick is not None:
