@@ -97,6 +97,7 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
             view.close()
         if schedule is not None:
             schedule.stop()
+            note_schedule_failures(run_dir)
         if fleet is not None:
             fleet.stop()
         if mock is not None:
@@ -119,6 +120,30 @@ def start_fleet(sc: Scenario, run_dir: Path, log) -> tuple[Any, Any, Scenario]:
         sc = dataclasses.replace(sc, target=dataclasses.replace(
             sc.target, metrics_urls=[*sc.target.metrics_urls, fleet.metrics_url]))
     return fleet, Schedule(fleet, sc.schedule, run_dir / "schedule.jsonl", log), sc
+
+
+def note_schedule_failures(run_dir: Path) -> None:
+    """A scheduled fault that could not be applied (or undone) is agentload not doing what the
+    scenario asked: a crash entry in run.json (where "schedule"), so the verdict cannot be healthy."""
+    import orjson
+
+    from agentload.atomic import write_atomic
+
+    try:
+        lines = [orjson.loads(x) for x in (run_dir / "schedule.jsonl").read_bytes().splitlines() if x.strip()]
+        meta = orjson.loads((run_dir / "run.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return
+    failed = [x for x in lines if isinstance(x, dict) and not x.get("ok", True)]
+    if not failed:
+        return
+    for x in failed:
+        meta.setdefault("crashes", []).append({
+            "where": "schedule", "agent": None, "round": None, "error": "ScheduleFailed",
+            "message": f"{x.get('event')} of fault {x.get('fault')} on backend {x.get('backend')} at "
+                       f"{x.get('planned_s')} s failed: {x.get('error')}", "traceback": ""})
+        meta["crash_count"] = int(meta.get("crash_count") or 0) + 1
+    write_atomic(run_dir / "run.json", orjson.dumps(meta, option=orjson.OPT_INDENT_2))
 
 
 def check_secrets(sc: Scenario) -> None:

@@ -99,7 +99,33 @@ def test_scheduled_hang_is_attributed_to_the_backend(tmp_path):
     # the hang ended: b1 served again afterwards
     assert any(line["recv_ns"] > end_ns and line["outcome"] == "ok" for line in _log_lines(out, "b1"))
     summary = _summary(out)
-    assert summary["verdict"]["kind"] != "healthy"
+    v = summary["verdict"]
+    assert v["kind"] != "healthy"
+    # the verdict names the backend and its scheduled fault
+    assert any("b1" in line and "scheduled hang" in line for line in [v["summary"], *v["evidence"]]), v
+    # failover figures, consistent with the records and the backend's log
+    fault = summary["router"]["faults"][0]
+    assert (fault["backend"], fault["fault"], fault["applied"]) == ("b1", "hang", True)
+    assert fault["client_stalls"] == len([r for r in stalled if r.t["start"] < end_ns])
+    sent_after = [line for line in _log_lines(out, "b1") if start_ns <= line["recv_ns"] < end_ns]
+    assert fault["sent_there"]["backend_log"] == len(sent_after)
+    assert fault["stopped_routing_after_s"] == "never" or 0 <= fault["stopped_routing_after_s"] <= 6.0
+    assert fault["used_again_after_s"] is not None and fault["used_again_after_s"] >= 0
+    report = (out / "report.txt").read_text()
+    assert "ROUTER" in report and "fault 1: hang b1" in report
+
+
+@needs_smg
+def test_a_fault_that_cannot_be_applied_keeps_the_verdict_from_healthy(tmp_path):
+    out = tmp_path / "bad-schedule"
+    # b0 is killed at 1 s; the hang meant for it at 2 s finds no process to apply it to
+    run_scenario("router-soak-smg", out, SHORT + [
+        "agents.duration_s=5", "router.policy=\"round_robin\"",
+        "schedule=[{at_s=1.0, backend=\"b0\", fault=\"kill\", for_s=3.0}, "
+        "{at_s=2.0, backend=\"b0\", fault=\"hang\", for_s=1.0}]"])
+    v = _summary(out)["verdict"]
+    assert v["kind"] == "agentload_error"
+    assert any("ScheduleFailed" in line and "hang" in line for line in v["evidence"]), v["evidence"]
 
 
 @needs_smg
@@ -118,6 +144,11 @@ def test_scheduled_kill_and_restart_loses_nothing(tmp_path):
     recs = [r for r in loaded.records if r.kind == "agent"]
     # the restarted backend serves again, on the same port, after the window
     assert any(r.backend == "b2" and r.t["start"] > end_ns and r.outcome == "ok" for r in recs)
+    start_ns = events[0]["at_ns"]
+    fault = _summary(out)["router"]["faults"][0]
+    errors_in_window = [r for r in recs if r.outcome == "error" and r.t["start"] < end_ns and r.t["end"] > start_ns]
+    assert fault["client_errors"] == len(errors_in_window)
+    assert fault["used_again_after_s"] is not None and fault["used_again_after_s"] >= 0
 
 
 @needs_vllm_router
@@ -146,6 +177,8 @@ def test_pd_incident_stalls_in_round_4_on_the_hanging_decode_worker(tmp_path):
     assert all(r.id_sent in at_d1 for r in stalled)
     # completed answers were streamed by a decode worker, never by a prefill one
     assert {r.backend for r in recs if r.outcome == "ok"} <= {"d0", "d1"}
+    # the verdict names the decode worker and its role
+    assert any("decode worker d1" in line for line in [v["summary"], *v["evidence"]]), v["evidence"]
 
 
 @pytest.mark.litellm

@@ -35,6 +35,8 @@ from agentload.redact import add_secret, redact
 
 _now = time.perf_counter_ns
 
+FINAL_SCRAPE_SETTLE_S = 0.5  # wait after the last request before the last scrape
+
 FULL_EVERY = 60  # a full snapshot every this many scrapes of one URL
 MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_TIMEOUT_S = 10.0
@@ -172,6 +174,9 @@ class TargetScraper:
         try:
             if self.fd >= 0:
                 self._open()
+                # a router lowers its in-flight gauges when it sees the stream's end, a moment after
+                # agentload does: scraped at once, a healthy router could read as leaking (router_leak)
+                await asyncio.sleep(FINAL_SCRAPE_SETTLE_S)
                 await asyncio.gather(*(self.scrape(u) for u in self.urls))
         finally:
             if self._session is not None:
