@@ -12,6 +12,7 @@ Kinds are the `Kind` enumeration; README's list of verdict kinds is checked agai
 
 from __future__ import annotations
 
+import re
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
@@ -861,8 +862,31 @@ def diagnose(data: "RunData", acc: FactsAccumulator | None = None) -> dict[str, 
             v = healthy(f)
         v["secondary"] = []
         return v
-    v = found[0].to_dict()
-    v["secondary"] = [x.to_dict() for x in found[1:]]
+    names = _backend_names(data.meta)
+    v = _named(found[0].to_dict(), names)
+    v["secondary"] = [_named(x.to_dict(), names) for x in found[1:]]
+    return v
+
+
+def _backend_names(meta: dict[str, Any]) -> list[tuple[str, str]]:
+    """(url, "url (name)") of each fleet backend: a router's metrics name workers by URL only."""
+    fleet = meta.get("fleet") or {}
+    out = []
+    for b in fleet.get("backends") or []:
+        if isinstance(b, dict) and b.get("url") and b.get("name"):
+            role = "" if b.get("role") in (None, "worker") else f" {b['role']}"
+            out.append((b["url"], f"{b['url']} ({b['name']}{role})"))
+    return out
+
+
+def _named(v: dict[str, Any], names: list[tuple[str, str]]) -> dict[str, Any]:
+    if names:
+        def sub(text: str) -> str:
+            for url, named in names:
+                text = re.sub(re.escape(url) + r"(?![\d/])", named, text)
+            return text
+
+        v["evidence"] = [sub(e) for e in v.get("evidence") or []]
     return v
 
 

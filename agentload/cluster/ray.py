@@ -231,6 +231,8 @@ def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *,
             + ", ".join(f"{x['shard']}: {x['uncertainty']}" for x in infos))
         if on_shards is not None:
             on_shards(actors)
+        cpu0, wall0 = _cpu_s(), time.monotonic()
+        moved_lines = {"records": 0, "samples": 0}
         pending: dict[int, Any] = {}
         asked_at: dict[int, float] = {}
         t_live = t_run = time.monotonic()
@@ -255,7 +257,8 @@ def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *,
                 for stem, shift in (("records", shift_record), ("samples", shift_sample)):
                     data = got.get(stem) or b""
                     if data:
-                        moved, _ = shift_lines(data, shift, delta, i)
+                        moved, n = shift_lines(data, shift, delta, i)
+                        moved_lines[stem] += n
                         with open(run_dir / f"{stem}-w{i}.jsonl", "ab") as f:
                             f.write(moved)
                 silent = float(got.get("loop_silent_s") or 0.0)
@@ -293,6 +296,11 @@ def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *,
             if live and time.monotonic() - t_live >= 1.0:
                 t_live = t_run = time.monotonic()
                 log(live_line(run_dir, shards, t_live - t_run))
+        # what the driver itself cost: its process (Ray's threads in it included) over the run
+        driver = {"cpu_s": round(_cpu_s() - cpu0, 3), "wall_s": round(time.monotonic() - wall0, 3),
+                  "records": moved_lines["records"], "samples": moved_lines["samples"]}
+        driver["cpu_per_shard_per_s"] = round(driver["cpu_s"] / max(driver["wall_s"], 1e-9) / shards, 4)
+        meta["driver"] = driver
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
@@ -328,6 +336,13 @@ def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *,
     _write_json(run_dir / "run.json", meta)
     return RunOutcome(run_dir, run_id, bool(meta["cut_short"]), meta.get("stop_reason"), interrupts > 0,
                       meta["ended_by"])
+
+
+def _cpu_s() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def describe_offsets(infos: list[dict[str, Any]]) -> str:
