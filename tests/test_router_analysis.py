@@ -210,7 +210,7 @@ def test_a_router_that_still_counts_requests_after_agentload_had_none_leaks(tmp_
     v = diagnose(run.write(tmp_path))
     assert v["kind"] == "router_leak" and v["agents_stopped"] == 0
     assert "still reports 2 request(s) in flight (smg_worker_requests_active) at its last scrape" in v["summary"]
-    assert any("per worker: http://127.0.0.1:8100 2, http://127.0.0.1:8101 0" in e for e in v["evidence"])
+    assert any("per worker: http://127.0.0.1:8100 (b0) 2, http://127.0.0.1:8101 (b1) 0" in e for e in v["evidence"])
     x = build_summary(run.data())["router"]["inflight"][0]
     assert (x["leaked"], x["before_run"], x["agentload_idle"], x["last_scrape_s"]) == (2.0, 0.0, True, 20.0)
     assert "router in flight: http://127.0.0.1:29000/metrics smg_worker_requests_active = 2" in \
