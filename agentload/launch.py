@@ -114,7 +114,7 @@ def start_fleet(sc: Scenario, run_dir: Path, log) -> tuple[Any, Any, Scenario]:
     from agentload.fleet.fleet import Fleet
     from agentload.fleet.schedule import Schedule
 
-    fleet = Fleet(sc.fleet, sc.router, sc.mock, sc.target.model, run_dir, log)
+    fleet = Fleet(sc.fleet, sc.router, sc.mock, sc.target.model, run_dir, log, source=sc.source)
     fleet.start(external_endpoint=sc.target.endpoint)
     if fleet.metrics_url and fleet.metrics_url not in sc.target.metrics_urls:
         sc = dataclasses.replace(sc, target=dataclasses.replace(

@@ -76,7 +76,8 @@ class Fleet:
     """The backends and the router of a router soak. `start()` then `stop()` (idempotent)."""
 
     def __init__(self, fleet: FleetConfig, router: RouterConfig, base_mock: MockConfig, model: str,
-                 run_dir: Path, log: Callable[[str], None]):
+                 run_dir: Path, log: Callable[[str], None], source: str = "scenario"):
+        self.source = source
         self.cfg = fleet
         self.router_cfg = router
         self.model = model
@@ -103,6 +104,11 @@ class Fleet:
     def start(self, external_endpoint: str | None = None) -> str:
         """Start every backend, then the router; return the endpoint agents send to."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self.router_cfg.command is not None:  # before any backend starts: a typo costs nothing
+            exe = shlex.split(self.router_cfg.command)[0]
+            if shutil.which(exe) is None and not Path(exe).is_file():
+                raise UserError(f"{self.source}: router.command: program {exe!r} not found; expected an "
+                                f"installed router (e.g. pip install smg) or its path")
         try:
             for b in self.backends:
                 b.start(self.cfg.ready_timeout_s)
@@ -121,9 +127,6 @@ class Fleet:
 
     def _start_router(self) -> None:
         rc = self.router_cfg
-        exe = shlex.split(rc.command or "")[0]
-        if shutil.which(exe) is None and not Path(exe).is_file():
-            raise UserError(f"router.command: program {exe!r} not found (install it, or give its path)")
         last = ""
         for _attempt in range(3):  # a free port can be taken between probing and binding
             self.port, self.metrics_port = free_port(), free_port()
@@ -145,7 +148,7 @@ class Fleet:
                 self.router.kill()
                 if "in use" not in self.router_log_tail():
                     break
-        raise UserError(f"router.command: the router did not become ready: {last}")
+        raise UserError(f"{self.source}: router.command: the router did not become ready: {last}")
 
     def _wait_router(self) -> None:
         n = len(self.backends)
