@@ -40,15 +40,11 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
     from agentload.run.live import LiveLine
     from agentload.mock.process import MockProcess
 
-    if workers > 1 and metrics_port is not None:
-        raise UserError("--metrics-port is not supported with --workers yet (each worker has its own state)")
     if workers > 1 and sc.fleet.enabled:
         raise UserError(f"{sc.source}: [fleet] runs in one process: leave out --workers")
     if ray is not None:
         if workers > 1 or shard is not None:
             raise UserError("--ray: leave out --workers and --shard (Ray places the shards)")
-        if metrics_port is not None:
-            raise UserError("--metrics-port is not supported with --ray yet")
         if sc.target.endpoint is None:
             raise UserError(f"{sc.source}: --ray needs [target] endpoint (--endpoint URL): the embedded mock "
                             f"serves one machine only")
@@ -78,11 +74,12 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
             from agentload.cluster.ray import run_ray
 
             outcome = run_ray(sc, run_dir, base_url, ray, shards or 2, install_signals=install_signals,
-                              live=live, log=log)
+                              live=live, log=log, metrics_port=metrics_port)
         elif workers > 1:
             from agentload.run.workers import run_workers
 
             outcome = run_workers(sc, run_dir, base_url, workers, embedded_mock=mock is not None,
+                                  exporter=None if metrics_port is None else _shards_exporter(metrics_port, log),
                                   install_signals=install_signals, live=live, log=log)
         else:
             use_uvloop()
@@ -120,6 +117,19 @@ def start_fleet(sc: Scenario, run_dir: Path, log) -> tuple[Any, Any, Scenario]:
         sc = dataclasses.replace(sc, target=dataclasses.replace(
             sc.target, metrics_urls=[*sc.target.metrics_urls, fleet.metrics_url]))
     return fleet, Schedule(fleet, sc.schedule, run_dir / "schedule.jsonl", log), sc
+
+
+def _shards_exporter(port: int, log):
+    """The --metrics-port exporter of a run in worker processes (one series per worker, `shard` label)."""
+    from agentload.cluster.exporter import ShardsExporter
+
+    def make(latest):
+        exp = ShardsExporter(port, latest)
+        exp.start()
+        log(f"agentload: live metrics at http://127.0.0.1:{exp.port}/metrics (a shard label per worker)")
+        return exp
+
+    return make
 
 
 def note_schedule_failures(run_dir: Path) -> None:

@@ -70,7 +70,7 @@ def main() -> int:
         for case, mock, scen in (("healthy", "healthy", "demo"), ("hang", "hang", "long-context-hang")):
             ep = mocks[mock].url
             r = agentload("run", scen, "--endpoint", ep, "--ray", addr, "--shards", "2", "--no-live",
-                          "--out", str(out / f"{case}-ray"), "--fail-on", "never")
+                          "--out", str(out / f"{case}-ray"), "--fail-on", "never", "--metrics-port", "0")
             result[f"{case}-ray"] = {"rc": r.returncode, "stderr": r.stderr[-3000:]}
             r = agentload("run", scen, "--endpoint", ep, "--no-live", "--out", str(out / f"{case}-one"),
                           "--fail-on", "never")

@@ -69,6 +69,7 @@ def test_two_shards_on_two_nodes_give_the_one_process_verdict(cluster_runs, case
     assert result[f"{case}-ray"]["rc"] == 0, result[f"{case}-ray"]["stderr"]
     meta = _meta(ray_dir)
     assert meta["engine"] == "ray" and meta["workers"] == 2
+    assert meta["metrics_port"] > 0 and "live metrics at http://127.0.0.1:" in result[f"{case}-ray"]["stderr"]
     assert len({s["node"] for s in meta["shards"]}) == 2, "the shards did not spread over the two nodes"
     for s in meta["shards"]:  # offsets by round trips, each with its uncertainty
         assert s["method"] == "round-trip" and 0 < s["uncertainty_ns"] < 1_000_000_000

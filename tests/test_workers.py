@@ -217,3 +217,39 @@ def test_sigint_stops_every_worker_and_keeps_their_records(mock, tmp_path):
     assert data.torn_lines == 0
     assert {r.agent for r in data.records if r.kind == "agent"} == set(range(4))
     assert "VERDICT" in stdout
+
+
+def test_one_metrics_port_for_all_workers_with_a_shard_label(tmp_path):
+    """--metrics-port with --workers: one exporter in the parent, every worker's latest sample with
+    its `shard` label (every agent hangs before headers, so each worker's stalled count is known)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from agentload.process import http_get
+    from smgproc import free_port
+
+    out, port = tmp_path / "run", free_port()
+    cmd = [sys.executable, "-m", "agentload.cli", "run", "demo", "--no-live", "--out", str(out), "--workers", "2",
+           "--metrics-port", str(port), "--set", "agents.count=4", "--set", "mock.hang_above_tokens=0",
+           "--set", "stall.after_s=0.5", "--set", "stall.give_up_s=3", "--set", "canary.every_s=0"]
+    p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline, got = time.monotonic() + 30, {}
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            try:
+                status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+            except OSError:
+                continue
+            got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
+            if all(got.get(("agentload_requests_stalled", (("shard", str(w)),))) == 2 for w in range(2)):
+                break
+        assert all(got.get(("agentload_shard_up", (("shard", str(w)),))) == 1 for w in range(2)), got
+        assert all(got.get(("agentload_requests_stalled", (("shard", str(w)),))) == 2 for w in range(2)), got
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+    assert b"live metrics at http://127.0.0.1:" in err
+    assert orjson.loads((out / "run.json").read_bytes())["metrics_port"] == port

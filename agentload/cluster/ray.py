@@ -173,7 +173,8 @@ def init_ray(address: str) -> bool:
 
 def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *, cpus_per_shard: float = 1.0,
             install_signals: bool = True, live: bool = False, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
-            poll_timeout_s: float = POLL_TIMEOUT_S, on_shards: Callable[[list[Any]], None] | None = None) -> Any:
+            poll_timeout_s: float = POLL_TIMEOUT_S, on_shards: Callable[[list[Any]], None] | None = None,
+            metrics_port: int | None = None) -> Any:
     """Run the scenario in `shards` Ray actors into run_dir; returns a runner.RunOutcome.
     `on_shards(actors)` is called once they run (tests kill or freeze one through it)."""
     import ray
@@ -210,6 +211,14 @@ def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *,
                 pass
 
     lost: dict[int, str] = {}
+    last_sample: dict[int, dict[str, Any]] = {}
+    exporter = None
+    if metrics_port is not None:  # first: a port in use fails before any shard starts
+        from agentload.cluster.exporter import ShardsExporter
+
+        exporter = ShardsExporter(metrics_port, lambda: [(i, last_sample.get(i), i not in lost) for i in range(shards)])
+        meta["metrics_port"] = exporter.start()
+        log(f"agentload: live metrics at http://127.0.0.1:{meta['metrics_port']}/metrics (a shard label each)")
     stalls: list[dict[str, Any]] = []
     metas: list[dict[str, Any] | None] = [None] * shards
     done = [False] * shards
@@ -259,6 +268,11 @@ def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *,
                     if data:
                         moved, n = shift_lines(data, shift, delta, i)
                         moved_lines[stem] += n
+                        if stem == "samples":
+                            try:
+                                last_sample[i] = orjson.loads(moved.rstrip(b"\n").rpartition(b"\n")[2])
+                            except orjson.JSONDecodeError:
+                                pass
                         with open(run_dir / f"{stem}-w{i}.jsonl", "ab") as f:
                             f.write(moved)
                 silent = float(got.get("loop_silent_s") or 0.0)
@@ -302,6 +316,8 @@ def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *,
         driver["cpu_per_shard_per_s"] = round(driver["cpu_s"] / max(driver["wall_s"], 1e-9) / shards, 4)
         meta["driver"] = driver
     finally:
+        if exporter is not None:
+            exporter.stop()
         for sig, h in old.items():
             signal.signal(sig, h)
         for a in actors:

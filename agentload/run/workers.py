@@ -169,8 +169,11 @@ def merge_meta(meta: dict[str, Any], metas: list[dict[str, Any] | None], codes: 
 
 def run_workers(sc: Any, run_dir: Path, base_url: str, n: int, *, embedded_mock: bool,
                 install_signals: bool = True, live: bool = False,
-                log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> Any:
-    """Run the scenario in `n` worker processes into run_dir; returns a runner.RunOutcome."""
+                log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr),
+                exporter: Any = None) -> Any:
+    """Run the scenario in `n` worker processes into run_dir; returns a runner.RunOutcome.
+    `exporter(latest)`: makes and starts the --metrics-port exporter over the workers' latest samples
+    (agentload.cluster.exporter; passed in, the run layer does not import it)."""
     from agentload.run.runner import RunOutcome, _write_json, run_metadata
 
     if n < 1:
@@ -181,10 +184,15 @@ def run_workers(sc: Any, run_dir: Path, base_url: str, n: int, *, embedded_mock:
     meta = run_metadata(sc, run_id, base_url, embedded_mock)
     meta["workers"] = n
     meta["agents_per_worker"] = [len(a) for a in split(sc.agents.count, n)]
+    procs: list[ChildProcess] = []
+    served = None
+    if exporter is not None:  # first: a port in use fails before any worker starts
+        served = exporter(lambda: [(w, _last_line(run_dir / f"samples-w{w}.jsonl"),
+                                    w < len(procs) and procs[w].poll() is None) for w in range(n)])
+        meta["metrics_port"] = served.port
     _write_json(run_dir / "run.json", meta)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)
-    procs: list[ChildProcess] = []
     interrupts = 0
     old: dict[int, Any] = {}
 
@@ -229,6 +237,8 @@ def run_workers(sc: Any, run_dir: Path, base_url: str, n: int, *, embedded_mock:
         for p in procs:  # a worker ends by itself; one that does not within 30 s is stopped
             p.wait_exit(30)
             p.stop(grace_s=5)
+        if served is not None:
+            served.stop()
         for sig, h in old.items():
             signal.signal(sig, h)
     metas: list[dict[str, Any] | None] = []
