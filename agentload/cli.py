@@ -48,7 +48,7 @@ def run(
     metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", help="Serve agentload's own live state in Prometheus format at 127.0.0.1:PORT/metrics (0: a free port, printed)")] = None,
     workers: Annotated[int, typer.Option("--workers", help="Run the agents in N processes (own event loop and client pool each: [client] pool settings apply per process); one report")] = 1,
     ray: Annotated[Optional[str], typer.Option("--ray", help="Run the agents in Ray actors (shards) on this cluster: host:port, 'auto', or 'local' (a throwaway one on this machine); needs --endpoint")] = None,
-    shards: Annotated[int, typer.Option("--shards", help="With --ray: how many shards (actors), each its own event loop and pool")] = 2,
+    shards: Annotated[Optional[int], typer.Option("--shards", help="With --ray: how many shards (actors), each its own event loop and pool (default: [cluster] shards, 2)")] = None,
     shard: Annotated[Optional[str], typer.Option("--shard", help="Run only shard I of N (agents i with i % N == I), e.g. 0/4; join the folders with `agentload merge`")] = None,
 ) -> None:
     """Run a scenario and print its report (verdict first)."""
@@ -62,7 +62,7 @@ def run(
         _fail(f"--metrics-port: expected a port 0-65535, got {metrics_port}")
     if workers < 1:
         _fail(f"--workers: expected a whole number >= 1, got {workers}")
-    if shards < 1:
+    if shards is not None and shards < 1:
         _fail(f"--shards: expected a whole number >= 1, got {shards}")
     shard_of = None
     if shard is not None:

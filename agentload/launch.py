@@ -40,6 +40,9 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
     from agentload.run.live import LiveLine
     from agentload.mock.process import MockProcess
 
+    if ray is None and shard is None and workers == 1 and sc.cluster.engine == "ray":
+        ray = sc.cluster.address  # [cluster] engine = "ray" (--ray on the command line wins)
+        shards = shards if shards is not None else sc.cluster.shard_count(sc.agents.count)
     if workers > 1 and sc.fleet.enabled:
         raise UserError(f"{sc.source}: [fleet] runs in one process: leave out --workers")
     if ray is not None:
@@ -73,8 +76,9 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
         if ray is not None:
             from agentload.cluster.ray import run_ray
 
-            outcome = run_ray(sc, run_dir, base_url, ray, shards or 2, install_signals=install_signals,
-                              live=live, log=log, metrics_port=metrics_port)
+            outcome = run_ray(sc, run_dir, base_url, ray, shards or sc.cluster.shard_count(sc.agents.count),
+                              install_signals=install_signals, live=live, log=log, metrics_port=metrics_port,
+                              cpus_per_shard=sc.cluster.cpus_per_shard)
         elif workers > 1:
             from agentload.run.workers import run_workers
 

@@ -69,7 +69,10 @@ def main() -> int:
         addr = f"127.0.0.1:{port}"
         for case, mock, scen in (("healthy", "healthy", "demo"), ("hang", "hang", "long-context-hang")):
             ep = mocks[mock].url
-            r = agentload("run", scen, "--endpoint", ep, "--ray", addr, "--shards", "2", "--no-live",
+            # the healthy run names the cluster on the command line, the hang in the scenario's [cluster]
+            how = (["--ray", addr, "--shards", "2"] if case == "healthy" else
+                   ["--set", 'cluster.engine="ray"', "--set", f'cluster.address="{addr}"', "--set", "cluster.shards=2"])
+            r = agentload("run", scen, "--endpoint", ep, *how, "--no-live",
                           "--out", str(out / f"{case}-ray"), "--fail-on", "never", "--metrics-port", "0")
             result[f"{case}-ray"] = {"rc": r.returncode, "stderr": r.stderr[-3000:]}
             r = agentload("run", scen, "--endpoint", ep, "--no-live", "--out", str(out / f"{case}-one"),

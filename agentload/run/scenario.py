@@ -353,6 +353,23 @@ class CanaryConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """Where the agents run: this process (`local`), or shards on a Ray cluster (`--ray` overrides)."""
+
+    engine: Literal["local", "ray"] = "local"
+    address: str = setting("local", Text("a Ray address: host:port, 'auto' or 'local'", nonblank=True, one_line=True))
+    shards: int = setting(2, Whole(1))
+    # instead of shards: this many agents per shard (shards = ceil(agents.count / agents_per_shard))
+    agents_per_shard: Optional[int] = setting(None, Opt(Whole(1)))
+    cpus_per_shard: float = setting(1.0, Number(0, above=True))
+
+    def shard_count(self, agents: int) -> int:
+        if self.agents_per_shard:
+            return max(1, -(-agents // self.agents_per_shard))
+        return self.shards
+
+
+@dataclass(frozen=True)
 class Scenario:
     source: str = setting(internal=True)
     target: TargetConfig = TargetConfig()
@@ -365,6 +382,7 @@ class Scenario:
     fleet: FleetConfig = FleetConfig()  # mock backends started for a router soak (agentload.fleet)
     router: RouterConfig = RouterConfig()
     schedule: tuple = setting((), SCHEDULE)  # [[schedule]]: faults applied to fleet backends during the run
+    cluster: ClusterConfig = ClusterConfig()  # [cluster] engine = "ray": shards on a Ray cluster
     description: str = ""
 
     def _validate(self, at: At) -> None:
@@ -398,7 +416,7 @@ class Scenario:
             raise relabel(e, written, label) from None
 
 
-SECTIONS = ("target", "agents", "conversation", "client", "stall", "canary", "mock", "fleet", "router")
+SECTIONS = ("target", "agents", "conversation", "client", "stall", "canary", "mock", "fleet", "router", "cluster")
 
 
 def _section_to_dict(sec: Any) -> dict[str, Any]:
