@@ -5,7 +5,8 @@ written per request, watchdog, sampler and stall dumps running), measuring wall 
 around it; the reports are built after the measured window. With `--workers N` it runs
 `agentload run --workers N`'s code path instead and counts the CPU of the worker processes.
 
-Prints one JSON line like bench/baseline.py, plus the verdict of the run.
+Writes its result like bench/baseline.py (to the `--result` file, else one line on stdout), plus
+the verdict of the run.
 
     python -m bench.agentload_client --url http://127.0.0.1:PORT/v1 --concurrency 64 --requests 20
 """
@@ -20,9 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import orjson
-
 from bench.ablate import ABLATIONS, ablate
+from bench.baseline import write_result
 
 HERE = Path(__file__).resolve().parent
 SCENARIO = HERE / "bench.toml"
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="sets", action="append", default=[], help="extra scenario override")
     ap.add_argument("--ablate", action="append", default=[],
                     help="turn an optimisation off (bench/ablate.py): " + ", ".join(ABLATIONS) + ", or all")
+    ap.add_argument("--result", type=Path, default=None, help="write the result (JSON) to this file, not to stdout")
     a = ap.parse_args(argv)
     ablate(a.ablate)
     label = "agentload" + (" (before: " + "+".join(a.ablate) + " off)" if a.ablate else "")
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             res = run(a.url, a.concurrency, a.requests, Path(d) / "run", a.sets, a.workers, label=label)
     else:
         res = run(a.url, a.concurrency, a.requests, a.out, a.sets, a.workers, label=label)
-    sys.stdout.buffer.write(orjson.dumps(res) + b"\n")
+    write_result(res, a.result)
     return 0
 
 

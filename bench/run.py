@@ -1,9 +1,10 @@
 """The benchmark: agentload against a raw aiohttp+uvloop closed loop, on the same fast server.
 
-    python -m bench.run                 # the table (about a minute)
+    python -m bench.run                 # the table (under 2 minutes)
     python -m bench.run --scale         # also 10,000 agents x 20 rounds in one process (minutes)
     python -m bench.run --workers 2     # also an agentload row with --workers 2
-    python -m bench.run --peers         # also guidellm / aiperf / inference-perf where installed
+    python -m bench.run --install-peers # once: AIPerf, guidellm, inference-perf, locust in their own venvs
+    python -m bench.run --peers         # also the side-by-side table with them (bench/peers.py)
 
 What it does, for each row:
 - starts `bench/server.py` (a minimal uvloop HTTP/1.1 SSE server: 50 ms to the first token, then
@@ -33,6 +34,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,13 +108,24 @@ class Server:
 
 
 def client(module: str, args: list[str], cpu: str | None, timeout_s: float, server: Server) -> dict[str, Any]:
-    cmd = _pinned([sys.executable, "-m", module, *args], cpu)
-    s0, t0 = server.cpu_s(), time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, env=_env(), cwd=REPO, timeout=timeout_s)
-    s1, t1 = server.cpu_s(), time.perf_counter()
-    if p.returncode != 0:
-        raise RuntimeError(f"{module} failed ({p.returncode}): {p.stderr.decode(errors='replace')[-2000:]}")
-    res = orjson.loads(p.stdout.strip().splitlines()[-1])
+    """Run one benchmark client (bench.baseline or bench.agentload_client) to its end and return
+    its result. The result goes through a file (`--result`), read whole after the child exits: at
+    512 streams x 40 requests it holds 20,480 timing errors, a few hundred KB, and a line read
+    from a pipe must not be where it gets cut."""
+    with tempfile.TemporaryDirectory(prefix="agentload-bench-result-") as tmp:
+        result = Path(tmp) / "result.json"
+        cmd = _pinned([sys.executable, "-m", module, *args, "--result", str(result)], cpu)
+        s0, t0 = server.cpu_s(), time.perf_counter()
+        p = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           env=_env(), cwd=REPO, timeout=timeout_s, check=False)
+        s1, t1 = server.cpu_s(), time.perf_counter()
+        err = p.stderr.decode(errors="replace")[-2000:]
+        if p.returncode != 0:
+            raise RuntimeError(f"{module} failed ({p.returncode}): {err}")
+        try:
+            res = orjson.loads(result.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as e:
+            raise RuntimeError(f"{module} exited 0 but left no readable result ({e}): {err}") from None
     # the server's CPU over the client's whole process lifetime (its load window is a bit shorter)
     res["server_cpu"] = (s1 - s0) / max(t1 - t0, 1e-9)
     return res
@@ -165,6 +178,10 @@ class Row:
                  req_s_per_core=self.rps_core, chunks_s_per_core=self.cps_core,
                  err_p50_ms=self.err_ms(0.5), err_p99_ms=self.err_ms(0.99))
         return d
+
+
+def _took(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
 def _f(v: float | None, fmt: str = "{:.2f}") -> str:
@@ -233,12 +250,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale-rate", type=float, default=800.0, help="target requests/s of the scale run (sets the tool latency)")
     ap.add_argument("--scale-chunks", type=int, default=16, help="token chunks per response in the scale run")
     ap.add_argument("--scale-bound-ms", type=float, default=10.0, help="p99 timing error the scale run must stay under")
-    ap.add_argument("--peers", action="store_true", help="also run guidellm/aiperf/inference-perf where installed")
+    ap.add_argument("--peers", action="store_true",
+                    help="also the side-by-side table with AIPerf, guidellm, inference-perf and locust (bench/peers.py)")
+    ap.add_argument("--peers-only", action="store_true", help="the side-by-side table alone (no main table)")
+    ap.add_argument("--install-peers", nargs="?", const="all", default=None, metavar="NAMES",
+                    help="make the peers' venvs under ~/.cache/agentload-bench (all, or a comma list), "
+                         "then stop unless --peers/--peers-only is given too")
+    ap.add_argument("--peer-conc", default="64", help="concurrencies of the side-by-side table (comma list)")
+    ap.add_argument("--peer-reps", type=int, default=1, help="runs of each client in the side-by-side table (median)")
     ap.add_argument("--json", type=Path, default=None, help="write every figure to this file")
     a = ap.parse_args(argv)
+    a.peers = a.peers or a.peers_only
+    if a.install_peers:
+        from bench.peers import install
+
+        names = None if a.install_peers == "all" else [n.strip() for n in a.install_peers.split(",") if n.strip()]
+        install(names)
+        if not a.peers:
+            return 0
 
     from bench.agentload_client import mean_body_bytes
 
+    t_start = time.monotonic()
     srv_cpu, cli_cpu = cpus()
     print(f"machine: {machine()}", flush=True)
     print(f"server on CPU {srv_cpu or '(not pinned)'}, clients on CPU {cli_cpu or '(not pinned)'}; "
@@ -248,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     plan = [("paced", int(c), a.interval_ms) for c in a.paced.split(",") if c.strip()]
     plan += [("burst", int(c), 0.0) for c in a.burst.split(",") if c.strip()]
+    if a.peers_only:
+        plan = []
     for mode, conc, interval in plan:
         body = mean_body_bytes(conc, a.rounds, [])
         budget = 120 + 2 * a.rounds * conc * (a.ttft_ms + a.chunks * interval) / 1000.0
@@ -270,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(Row(mode, conc, client("bench.agentload_client", common + ["--workers", str(a.workers)],
                                                    cli_cpu, budget, srv)))
                 print(render(rows[-1:]).splitlines()[-1], flush=True)
-    print()
-    print(render(rows))
+    if rows:
+        print()
+        print(render(rows))
     for r in rows:
         if r.res.get("failed"):
             print(f"warning: {r.mode} {r.concurrency} {r.name}: {r.res['failed']} request(s) failed")
@@ -290,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         write_atomic(a.json, orjson.dumps({"machine": machine(), "rows": [r.as_dict() for r in rows],
                                            "scale": scale, "peers": peers}, option=orjson.OPT_INDENT_2))
+    print(f"\nbench: took {_took(time.monotonic() - t_start)}")
     return 0
 
 

@@ -13,6 +13,19 @@ CPU as possible, so that the client, pinned to its own core, is what the benchma
 The clock is CLOCK_MONOTONIC (Linux), the one agentload's records use, so the client's
 first-token stamp minus "mock_sent_ns" is the timing error of the client.
 
+Every POST is a chat completion, whatever its path, except a POST to .../v1/completions, answered
+in the legacy completions shape (`choices[0].text`, no role chunk) with the same timing. A GET is
+not a completion and is not counted:
+    GET /bench/stats    the counters, JSON: requests and completed (streams), active (streams in
+                        progress now), max_active (the most at once), busy_ns (the integral of
+                        active over time: its increase over a window / the window = the mean
+                        number of streams in progress), body_bytes (of the POSTs' bodies, added up),
+                        now_ns (the server's perf_counter_ns)
+    GET /bench/reset    the counters back to zero (between two clients on one server)
+    GET /v1/models      one model, "bench"; GET /health: 200; any other GET: 404
+The benchmark of peer tools (bench/peers.py) reads /bench/stats to count completions in each
+client's active window.
+
     python -m bench.server --port 0 --ttft-ms 50 --chunks 32 --interval-ms 5
 """
 
@@ -29,11 +42,19 @@ import time
 _now = time.perf_counter_ns
 READY = "BENCH_SERVER_LISTENING"
 
+TOKEN_TEXT = " tok"  # the text of every token chunk (bench/tokenizer.py builds its vocabulary from it)
+MODEL = "bench"
+
 _HEAD = b'{"id":"chatcmpl-bench","object":"chat.completion.chunk","created":0,"model":"bench","choices":[{"index":0,"delta":'
 _ROLE = b"data: " + _HEAD + b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
-_TOKEN = b"data: " + _HEAD + b'{"content":" tok"},"logprobs":null,"finish_reason":null}]}\n\n'
+_TOKEN = b"data: " + _HEAD + b'{"content":"%b"},' % TOKEN_TEXT.encode() + b'"logprobs":null,"finish_reason":null}]}\n\n'
 _FINISH = b"data: " + _HEAD + b'{},"logprobs":null,"finish_reason":"stop"}]}\n\n'
 _DONE = b"data: [DONE]\n\n"
+# POST .../v1/completions (not chat): the legacy completions shape, `choices[0].text` (inference-perf's
+# synthetic prompts go there); no role chunk
+_THEAD = b'{"id":"cmpl-bench","object":"text_completion","created":0,"model":"bench","choices":[{"index":0,'
+_TTOKEN = b"data: " + _THEAD + b'"text":"%b","logprobs":null,"finish_reason":null}]}\n\n' % TOKEN_TEXT.encode()
+_TFINISH = b"data: " + _THEAD + b'"text":"","logprobs":null,"finish_reason":"stop"}]}\n\n'
 
 
 def _frame(data: bytes) -> bytes:
@@ -41,49 +62,119 @@ def _frame(data: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(data), data)
 
 
+class Shape:
+    """The bytes of one kind of answer (chat or legacy completions), framed once."""
+
+    def __init__(self, chunks: int, obj: bytes, role: bytes, token: bytes, finish: bytes):
+        usage = (b'data: {"id":"%b","object":"%b","created":0,"model":"bench",'
+                 b'"choices":[],"usage":{"prompt_tokens":0,"completion_tokens":%d,"total_tokens":%d}}\n\n'
+                 % (b"chatcmpl-bench" if role else b"cmpl-bench", obj, chunks, chunks))
+        self.role_frame = _frame(role) if role else b""
+        self.token = token  # starts with b'data: {' (the first token gets the send stamp after it)
+        self.token_frame = _frame(token)
+        self.tail_frames = _frame(finish + usage + _DONE) + b"0\r\n\r\n"
+        # the chunks after the first, for --interval-ms 0 (all in one write)
+        self.burst_rest = self.token_frame * (chunks - 1) + self.tail_frames
+
+
 class Settings:
     def __init__(self, ttft_ms: float, chunks: int, interval_ms: float):
         self.ttft_s = ttft_ms / 1000.0
         self.chunks = max(1, chunks)
         self.interval_s = interval_ms / 1000.0
-        usage = (b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":0,"model":"bench",'
-                 b'"choices":[],"usage":{"prompt_tokens":0,"completion_tokens":%d,"total_tokens":%d}}\n\n'
-                 % (self.chunks, self.chunks))
-        self.token_frame = _frame(_TOKEN)
-        self.tail_frames = _frame(_FINISH + usage + _DONE) + b"0\r\n\r\n"
-        # the chunks after the first, for --interval-ms 0 (all in one write)
-        self.burst_rest = self.token_frame * (self.chunks - 1) + self.tail_frames
+        self.chat = Shape(self.chunks, b"chat.completion.chunk", _ROLE, _TOKEN, _FINISH)
+        self.text = Shape(self.chunks, b"text_completion", b"", _TTOKEN, _TFINISH)
+
+
+class Stats:
+    """The server's counters (GET /bench/stats). `active` counts the streams received and not yet
+    finished (pipelined ones waiting on their connection included); `busy_ns` is the integral of
+    `active` over time, so over a window its increase / the window's length is the mean number of
+    streams in progress."""
+
+    __slots__ = ("aborted", "active", "body_bytes", "busy_ns", "completed", "last_ns", "max_active", "requests")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.requests = self.completed = self.aborted = self.active = self.max_active = self.busy_ns = 0
+        self.body_bytes = 0
+        self.last_ns = _now()
+
+    def _tick(self, now: int) -> None:
+        self.busy_ns += self.active * (now - self.last_ns)
+        self.last_ns = now
+
+    def arrived(self, now: int, body: int) -> None:
+        self._tick(now)
+        self.requests += 1
+        self.body_bytes += body
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+
+    def finished(self, now: int, ok: bool = True) -> None:
+        self._tick(now)
+        self.active -= 1
+        if ok:
+            self.completed += 1
+        else:
+            self.aborted += 1
+
+    def as_json(self) -> bytes:
+        now = _now()
+        self._tick(now)
+        return (b'{"requests":%d,"completed":%d,"aborted":%d,"active":%d,"max_active":%d,"busy_ns":%d,'
+                b'"body_bytes":%d,"now_ns":%d}' % (self.requests, self.completed, self.aborted, self.active,
+                                                   self.max_active, self.busy_ns, self.body_bytes, now))
+
+
+def _plain(status: bytes, body: bytes, ctype: bytes = b"application/json") -> bytes:
+    return (b"HTTP/1.1 %b\r\nContent-Type: %b\r\nContent-Length: %d\r\n\r\n%b"
+            % (status, ctype, len(body), body))
+
+
+_MODELS = b'{"object":"list","data":[{"id":"%b","object":"model","created":0,"owned_by":"bench"}]}' % MODEL.encode()
 
 
 class Stream:
     """One response in progress on a connection."""
 
-    __slots__ = ("proto", "left", "handle")
+    __slots__ = ("handle", "left", "proto", "shape")
 
-    def __init__(self, proto: "BenchProtocol", left: int):
+    def __init__(self, proto: "BenchProtocol", left: int, shape: Shape):
         self.proto = proto
         self.left = left
+        self.shape = shape
         self.handle: asyncio.TimerHandle | None = None
 
 
 class BenchProtocol(asyncio.Protocol):
-    def __init__(self, cfg: Settings, loop: asyncio.AbstractEventLoop, stats: dict[str, int]):
+    def __init__(self, cfg: Settings, loop: asyncio.AbstractEventLoop, stats: Stats):
         self.cfg = cfg
         self.loop = loop
         self.stats = stats
         self.transport: asyncio.Transport | None = None
         self.buf = b""
         self.need = -1  # body bytes still expected for the request being read
+        self.req: bytes | Shape = cfg.chat  # the request being read: a POST's answer Shape, or a GET's path
         self.stream: Stream | None = None
-        self.queued = 0  # requests received while a response is still being sent (pipelining)
+        self.queued: list[bytes | Shape] = []  # requests received while a response is being sent (pipelining)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
         s = self.stream
-        if s is not None and s.handle is not None:
-            s.handle.cancel()
+        now = _now()
+        if s is not None:
+            if s.handle is not None:
+                s.handle.cancel()
+            self.stats.finished(now, ok=False)
+        for q in self.queued:
+            if isinstance(q, Shape):
+                self.stats.finished(now, ok=False)
+        self.queued.clear()
         self.stream = None
         self.transport = None
 
@@ -94,36 +185,65 @@ class BenchProtocol(asyncio.Protocol):
                 end = self.buf.find(b"\r\n\r\n")
                 if end < 0:
                     return
-                head = self.buf[:end].lower()
+                head = self.buf[:end]
                 self.buf = self.buf[end + 4:]
-                i = head.find(b"content-length:")
-                if i < 0:
+                if head[:4] == b"GET ":
+                    self.req = head[4:head.find(b" ", 4)]
                     self.need = 0
                 else:
-                    j = head.find(b"\r\n", i)
-                    self.need = int(head[i + 15:j if j >= 0 else len(head)].strip())
+                    path = head[head.find(b" ") + 1:head.find(b" HTTP/")]
+                    self.req = self.cfg.text if (path.endswith(b"/completions")
+                                                 and not path.endswith(b"/chat/completions")) else self.cfg.chat
+                    head = head.lower()
+                    i = head.find(b"content-length:")
+                    if i < 0:
+                        self.need = 0
+                    else:
+                        j = head.find(b"\r\n", i)
+                        self.need = int(head[i + 15:j if j >= 0 else len(head)].strip())
             if len(self.buf) < self.need:
                 return
             self.buf = self.buf[self.need:]
-            self.need = -1
-            self._request()
+            body, self.need = self.need, -1
+            self._request(self.req, body)
 
-    def _request(self) -> None:
+    def _request(self, req: bytes | Shape, body: int) -> None:
         recv = _now()
-        self.stats["requests"] += 1
+        post = isinstance(req, Shape)
+        if post:
+            self.stats.arrived(recv, body)
         if self.stream is not None:  # pipelined: answer after the current response
-            self.queued += 1
+            self.queued.append(req)
             return
-        self._start(recv)
+        if post:
+            self._start(recv, req)  # type: ignore[arg-type]
+        else:
+            self._answer_get(req)  # type: ignore[arg-type]
 
-    def _start(self, recv: int) -> None:
+    def _answer_get(self, path: bytes) -> None:
+        t = self.transport
+        if t is None:
+            return
+        if path.startswith(b"/bench/stats"):
+            t.write(_plain(b"200 OK", self.stats.as_json()))
+        elif path.startswith(b"/bench/reset"):
+            self.stats.reset()
+            t.write(_plain(b"200 OK", self.stats.as_json()))
+        elif path.startswith(b"/v1/models"):
+            t.write(_plain(b"200 OK", _MODELS))
+        elif path.startswith(b"/health"):
+            t.write(_plain(b"200 OK", b"{}"))
+        else:
+            t.write(_plain(b"404 Not Found", b'{"error":"not found"}'))
+
+    def _start(self, recv: int, shape: Shape) -> None:
         cfg = self.cfg
         t = self.transport
         if t is None:
             return
         t.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                b"Transfer-Encoding: chunked\r\nx-mock-recv-ns: %d\r\n\r\n%b" % (recv, _frame(_ROLE)))
-        s = self.stream = Stream(self, cfg.chunks)
+                b"Transfer-Encoding: chunked\r\nx-mock-recv-ns: %d\r\n\r\n%b" % (recv, shape.role_frame))
+        s = self.stream = Stream(self, cfg.chunks, shape)
         s.handle = self.loop.call_later(cfg.ttft_s, self._first, s)
 
     def _first(self, s: Stream) -> None:
@@ -131,9 +251,10 @@ class BenchProtocol(asyncio.Protocol):
         if t is None or self.stream is not s:
             return
         cfg = self.cfg
-        first = b'data: {"mock_sent_ns":%d,' % _now() + _TOKEN[7:]
+        shape = s.shape
+        first = b'data: {"mock_sent_ns":%d,' % _now() + shape.token[7:]
         if cfg.interval_s <= 0:
-            t.write(_frame(first) + cfg.burst_rest)
+            t.write(_frame(first) + shape.burst_rest)
             self._done()
             return
         t.write(_frame(first))
@@ -142,7 +263,7 @@ class BenchProtocol(asyncio.Protocol):
 
     def _schedule(self, s: Stream) -> None:
         if s.left <= 0:
-            self.transport.write(self.cfg.tail_frames)  # type: ignore[union-attr]
+            self.transport.write(s.shape.tail_frames)  # type: ignore[union-attr]
             self._done()
         else:
             s.handle = self.loop.call_later(self.cfg.interval_s, self._next, s)
@@ -151,21 +272,24 @@ class BenchProtocol(asyncio.Protocol):
         t = self.transport
         if t is None or self.stream is not s:
             return
-        t.write(self.cfg.token_frame)
+        t.write(s.shape.token_frame)
         s.left -= 1
         self._schedule(s)
 
     def _done(self) -> None:
         self.stream = None
-        self.stats["completed"] += 1
-        if self.queued:
-            self.queued -= 1
-            self._start(_now())
+        self.stats.finished(_now())
+        while self.queued:
+            req = self.queued.pop(0)
+            if isinstance(req, Shape):
+                self._start(_now(), req)
+                return
+            self._answer_get(req)
 
 
 async def serve(host: str, port: int, cfg: Settings) -> None:
     loop = asyncio.get_running_loop()
-    stats = {"requests": 0, "completed": 0}
+    stats = Stats()
     server = await loop.create_server(lambda: BenchProtocol(cfg, loop, stats), host, port, backlog=4096,
                                       reuse_address=True)
     stop = asyncio.Event()
@@ -182,7 +306,8 @@ async def serve(host: str, port: int, cfg: Settings) -> None:
     print(f"{READY} port={bound}", flush=True)
     await stop.wait()
     server.close()
-    print(f"BENCH_SERVER_STATS requests={stats['requests']} completed={stats['completed']}", file=sys.stderr, flush=True)
+    print(f"BENCH_SERVER_STATS requests={stats.requests} completed={stats.completed} aborted={stats.aborted} "
+          f"max_active={stats.max_active}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
