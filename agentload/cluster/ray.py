@@ -245,15 +245,22 @@ def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *,
         pending: dict[int, Any] = {}
         asked_at: dict[int, float] = {}
         t_live = t_run = time.monotonic()
+        next_poll = time.monotonic()
         while not all(done[i] or i in lost for i in range(shards)):
             now = time.monotonic()
-            for i, a in enumerate(actors):
-                if done[i] or i in lost or i in pending:
-                    continue
-                pending[i] = a.poll.remote()
-                asked_at[i] = now
+            if now >= next_poll:  # once a second: a shard's answers wait in its files meanwhile
+                next_poll = now + POLL_EVERY_S
+                for i, a in enumerate(actors):
+                    if done[i] or i in lost or i in pending:
+                        continue
+                    pending[i] = a.poll.remote()
+                    asked_at[i] = now
             refs = list(pending.values())
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=POLL_EVERY_S)
+            wait_s = max(0.01, next_poll - time.monotonic())
+            if not refs:
+                time.sleep(wait_s)
+                continue
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
             for i in [k for k, r in pending.items() if r in ready]:
                 ref = pending.pop(i)
                 try:
