@@ -5,7 +5,9 @@
 
 For each way it runs the same agentload workload (bench/bench.toml, paced answers from
 bench/server.py) and prints requests per client CPU-second (CPU of the `agentload run` process and
-everything it started and reaped: workers, Ray's raylet/GCS/actors; the server is not counted), the
+every process under it, sampled from /proc every 50 ms, each process's last utime+stime summed:
+workers, Ray's GCS, raylet and actors included, also those killed without being reaped; the server
+is not counted), the
 Ray driver's own CPU per shard per second (run.json `driver`), and how many records a second the
 driver can move onto its clock (`shift_lines`, measured alone on one core). Median of --repeat.
 Nothing is asserted; the numbers go to README with this command.
@@ -15,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -29,9 +31,19 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _children_cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
+def _tree_cpu_sampler(pid: int, seen: dict[int, float], stop: "threading.Event") -> None:
+    """Every 50 ms: utime+stime of pid and each descendant, the last value per pid kept."""
+    from bench.peers import _TICK, _descendants
+
+    while not stop.is_set():
+        for p in _descendants(pid):
+            try:
+                with open(f"/proc/{p}/stat", "rb") as f:
+                    rest = f.read().rsplit(b")", 1)[1].split()
+                seen[p] = (int(rest[11]) + int(rest[12])) / _TICK
+            except (OSError, IndexError, ValueError):
+                pass
+        stop.wait(0.05)
 
 
 def run_way(way: list[str], endpoint: str, agents: int, rounds: int, out: Path) -> dict:
@@ -39,11 +51,20 @@ def run_way(way: list[str], endpoint: str, agents: int, rounds: int, out: Path) 
            "--set", f"agents.count={agents}", "--set", f"agents.rounds={rounds}", "--set", f"client.limit={agents}",
            "--set", "canary.every_s=0", "--no-live", "--fail-on", "never", "--out", str(out), *way]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    cpu0, t0 = _children_cpu(), time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    cpu, wall = _children_cpu() - cpu0, time.monotonic() - t0
+
+
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    seen: dict[int, float] = {}
+    stop = threading.Event()
+    sampler = threading.Thread(target=_tree_cpu_sampler, args=(proc.pid, seen, stop), daemon=True)
+    sampler.start()
+    _, err = proc.communicate(timeout=900)
+    stop.set()
+    sampler.join()
+    cpu, wall = sum(seen.values()), time.monotonic() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(way) or 'one process'} failed: {proc.stderr[-2000:]}")
+        raise RuntimeError(f"{' '.join(way) or 'one process'} failed: {err[-2000:]}")
     summary = orjson.loads((out / "summary.json").read_bytes())
     meta = orjson.loads((out / "run.json").read_bytes())
     n = summary["totals"]["requests"]
