@@ -214,6 +214,9 @@ def test_every_packaged_scenario_loads_and_says_what_it_shows():
     for n in names:
         sc = load_scenario(n)
         assert sc.description.strip(), f"{n} has no description"
+        # shards and workers get the scenario as run.json holds it: it must come back the same
+        d = sc.to_dict()
+        assert parse_scenario({k: v for k, v in d.items() if k != "source"}, sc.source) == sc, n
 
 
 def test_fingerprint_ignores_client_but_not_workload():
