@@ -16,7 +16,7 @@ import orjson
 from hdrh.histogram import HdrHistogram
 
 from agentload.analysis.passes import one_pass
-from agentload.analysis.stats import fmt_ms, histogram_of, percentiles_ms
+from agentload.analysis.stats import SparseHistogram, fmt_ms, histogram_of, percentiles_ms
 from agentload.analysis.summary import SummaryPass, build_summary
 from agentload.analysis.verdict import DISCONNECT_ERRORS, Facts
 from agentload.errors import UserError
@@ -122,7 +122,7 @@ def measure_run(data: RunData) -> tuple[dict[str, Any], dict[str, Any], dict[str
     if summary.get("router"):
         m.update(router_metrics(summary["router"]))
     hists = sp.rounds.overall.hists  # every agent request's phases (e2e: completed ones)
-    dist = {p: quantiles_of(hists[p].histogram()) for p in COMPARE_CDF_PHASES}
+    dist = {p: quantiles_of(hists[p]) for p in COMPARE_CDF_PHASES}
     return m, summary, dist
 
 
@@ -199,7 +199,7 @@ def run_metrics(data: RunData) -> tuple[dict[str, Any], dict[str, Any]]:
     return m, summary
 
 
-def quantiles_of(h: HdrHistogram, points: int = 101) -> list[float]:
+def quantiles_of(h: "HdrHistogram | SparseHistogram", points: int = 101) -> list[float]:
     """`points` evenly spaced quantiles (0..100 %) of a histogram, in ms (for the CDF plot), by the
     same quantile rule as every table (agentload.analysis.stats)."""
     ps = [100.0 * i / (points - 1) for i in range(points)]

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from agentload.analysis.stats import SparseHistogram, band_ranges, percentiles_ms
+from agentload.analysis.stats import RoundRows, SparseHistogram, percentiles_ms
 from agentload.analysis.tallies import TimeCounts
 from agentload.analysis.target_evidence import family_of
 from agentload.records import Record, iter_record_dicts
@@ -291,23 +291,24 @@ class _BackendTally:
 
 
 class _RoundTally:
-    __slots__ = ("requests", "reporting", "cached", "prompt", "ttft")
+    """A round's (or a band's) counts; its time to first token is kept per row of the table
+    (`RouterPass.ttft_rows`), not per round."""
+
+    __slots__ = ("requests", "reporting", "cached", "prompt")
 
     def __init__(self) -> None:
         self.requests = self.reporting = self.cached = self.prompt = 0
-        self.ttft = SparseHistogram()
 
     def merge(self, o: "_RoundTally") -> None:
         self.requests += o.requests
         self.reporting += o.reporting
         self.cached += o.cached
         self.prompt += o.prompt
-        self.ttft.add(o.ttft)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, ttft: SparseHistogram | None) -> dict[str, Any]:
         return {"requests": self.requests, "reporting_cache": self.reporting, "cached_tokens": self.cached,
                 "prompt_tokens": self.prompt, "cache_hit_rate": _rate(self.cached, self.prompt),
-                "time_to_first_token": _ttft(self.ttft)}
+                "time_to_first_token": _ttft(ttft) if ttft is not None else None}
 
 
 @dataclass
@@ -337,7 +338,7 @@ def _ttft(h: SparseHistogram) -> dict[str, Any] | None:
     pct = percentiles_ms(h, (50, 90))
     if pct is None:
         return None
-    return {"n": sum(h.counts.values()), "p50_ms": pct[50], "p90_ms": pct[90]}
+    return {"n": h.get_total_count(), "p50_ms": pct[50], "p90_ms": pct[90]}
 
 
 def ttft_ns(r: Record) -> int | None:
@@ -364,6 +365,8 @@ class RouterPass:
         self.by_name: dict[str, Backend] = {b.name: b for b in self.backends}
         self.tallies: dict[tuple[str, str], _BackendTally] = {}
         self.rounds: dict[int, _RoundTally] = {}
+        # time to first token per row of the by-round table (rounds one by one, else 1-10 and bands)
+        self.ttft_rows: RoundRows[SparseHistogram] = RoundRows(SparseHistogram, SparseHistogram.add)
         self.over_time = TimeCounts(self.t0, OVER_TIME_BUCKETS)
         self.requests = self.by_fingerprint = self.by_log = self.unattributed = 0
         self.prefill_attributed = 0
@@ -467,8 +470,9 @@ class RouterPass:
             rt.reporting += 1
             rt.cached += r.cached_tokens
             rt.prompt += _prompt(r)
+        h = self.ttft_rows.get(r.round)
         if tt is not None:
-            rt.ttft.record_ns(tt)
+            h.record_ns(tt)
         self._sticky(r, backend)
         if self.faults and s is not None:
             bad_error, bad_stall = r.outcome == "error", r.stalled_phase is not None
@@ -615,21 +619,26 @@ class RouterPass:
         total = _RoundTally()
         for rt in self.rounds.values():
             total.merge(rt)
+        ttft = SparseHistogram()
+        for h in self.ttft_rows.all():
+            ttft.add(h)
+        own = self.ttft_rows.own
         out: dict[str, Any] = {
             "cache_hit_rate": _rate(total.cached, total.prompt),
             "cache_reporting": total.reporting,
-            "time_to_first_token": _ttft(total.ttft),
-            "rounds": [{"round": r, **self.rounds[r].to_dict()} for r in sorted(self.rounds)],
+            "time_to_first_token": _ttft(ttft),
+            # every round's counts; its time to first token where it has a table row of its own
+            "rounds": [{"round": r, **self.rounds[r].to_dict(own.get(r))} for r in sorted(self.rounds)],
         }
-        ranges = band_ranges(self.rounds)
-        if ranges is not None:
+        rows = self.ttft_rows.rows()
+        if rows is not None:
             bands = []
-            for lo, hi in ranges:
+            for lo, hi, h in rows:
                 band = _RoundTally()
                 for r in self.rounds:
                     if lo <= r <= hi:
                         band.merge(self.rounds[r])
-                bands.append({"rounds": [lo, hi], **band.to_dict()})
+                bands.append({"rounds": [lo, hi], **band.to_dict(h)})
             out["round_bands"] = bands
         return out
 

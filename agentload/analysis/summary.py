@@ -15,7 +15,7 @@ from agentload.analysis.router import RouterPass
 from agentload.analysis.verdict import FactsAccumulator, agent_outcomes, diagnose, is_server_error
 from agentload.records import Record
 from agentload.records.rundir import RunData
-from agentload.analysis.stats import RoundStats, SparseHistogram, percentiles_ms, round_bands
+from agentload.analysis.stats import RoundStats, SparseHistogram, percentiles_ms
 from agentload.analysis.target_evidence import router_warnings, scrape_summary
 
 MIN_SAMPLES_PER_ROUND = 10
@@ -40,8 +40,16 @@ class SummaryPass:
         self.canaries_ok = 0
         self.late = SparseHistogram()  # open loop: start - intended of first requests
         self.late_n = 0
-        self.timing = SparseHistogram()  # first token seen - the server's own send stamp
-        self.timing_n = 0
+
+    @property
+    def timing(self) -> SparseHistogram:
+        """First token seen - the server's own send stamp (agent requests where it sent one): the
+        verdict's accumulator keeps it."""
+        return self.facts.timing
+
+    @property
+    def timing_n(self) -> int:
+        return self.facts.timing.get_total_count()
 
     def add(self, r: Record) -> None:
         self.rounds.add(r)
@@ -60,9 +68,6 @@ class SummaryPass:
         if "intended" in t and "start" in t:
             self.late.record_ns(t["start"] - t["intended"])
             self.late_n += 1
-        if r.kind == "agent" and r.server_first_token_ns is not None and "first_token" in t:
-            self.timing.record_ns(t["first_token"] - r.server_first_token_ns)
-            self.timing_n += 1
 
 
 def run_section(data: RunData, sp: SummaryPass) -> dict[str, Any]:
@@ -101,11 +106,11 @@ def _start_lateness(sp: SummaryPass) -> dict[str, float] | None:
     """Open loop: how late first requests went out against their intended start (ms)."""
     if not sp.late_n:
         return None
-    pct = percentiles_ms(sp.late.histogram(), (50, 99, 100)) or {}
+    pct = percentiles_ms(sp.late, (50, 99, 100)) or {}
     return {"n": sp.late_n, "p50": pct[50], "p99": pct[99], "max": pct[100]}
 
 
-def warnings_for(data: RunData, rounds: dict, sp: SummaryPass) -> list[str]:
+def warnings_for(data: RunData, sp: SummaryPass) -> list[str]:
     w = []
     m = data.meta
     if not m.get("ended", False):
@@ -119,15 +124,20 @@ def warnings_for(data: RunData, rounds: dict, sp: SummaryPass) -> list[str]:
     if getattr(data, "other_run_records", 0):
         w.append(f"{data.other_run_records} record(s) of other runs in this folder were skipped: this report "
                  f"covers run {m.get('run')} only (was the folder reused with --out?)")
-    lag = max([s.get("loop_lag_ms", 0.0) for s in data.samples] + [m.get("max_loop_lag_ms", 0.0) or 0.0])
+    n_samples = n_lag = 0
+    lag = m.get("max_loop_lag_ms", 0.0) or 0.0
+    for s in data.samples:  # one walk (streamed from disk)
+        n_samples += 1
+        x = s.get("loop_lag_ms", 0.0)
+        lag = max(lag, x)
+        n_lag += x >= LOOP_LAG_WARN_MS
     if lag >= LOOP_LAG_WARN_MS:
-        n_lag = sum(1 for s in data.samples if s.get("loop_lag_ms", 0.0) >= LOOP_LAG_WARN_MS)
         w.append(f"agentload's event loop lagged up to {lag:.0f} ms"
-                 + (f" (in {n_lag} of {len(data.samples)} one-second samples)" if data.samples else "")
+                 + (f" (in {n_lag} of {n_samples} one-second samples)" if n_samples else "")
                  + ": its own timings may be late by that much")
     # Per round, a thin p99 is marked in the tables themselves (`thin` in each round's entry);
     # only a run too small as a whole is worth a warning.
-    completed = sum(st.completed for st in rounds.values())
+    completed = sum(c[1] for c in sp.rounds.counts.values())
     if 0 < completed < MIN_SAMPLES_PER_ROUND:
         w.append(f"only {completed} completed request(s) in the whole run: its percentiles are rough")
     # a router that retried a worker's failures elsewhere: agents saw answers, the worker still failed
@@ -141,7 +151,7 @@ def timing_error(sp: SummaryPass) -> dict[str, Any] | None:
     the client's first-token stamp minus the server's `mock_sent_ns`, same host, same clock."""
     if not sp.timing_n:
         return None
-    pct = percentiles_ms(sp.timing.histogram(), (50, 99, 100)) or {}
+    pct = percentiles_ms(sp.timing, (50, 99, 100)) or {}
     return {"n": sp.timing_n, "p50_ms": pct[50], "p99_ms": pct[99], "max_ms": pct[100]}
 
 
@@ -165,7 +175,8 @@ def build_summary(data: RunData, sp: SummaryPass | None = None) -> dict[str, Any
     """summary.json from the run folder; `sp`: the summary's consumer of a pass already made."""
     if sp is None:
         sp = summary_pass(data)
-    overall, rounds = sp.rounds.overall, sp.rounds.rounds
+    rs = sp.rounds
+    overall, own = rs.overall, rs.rounds
     agents = agent_outcomes(data, sp.facts)
     summary: dict[str, Any] = {
         "run": run_section(data, sp),
@@ -179,15 +190,18 @@ def build_summary(data: RunData, sp: SummaryPass | None = None) -> dict[str, Any
             "rounds_completed": sum(a["rounds_completed"] for a in agents),
         },
         "phases": overall.phases(),
+        # every round's counts; its phases where it has a table row of its own (a run of more than
+        # MAX_ROUND_ROWS rounds: rounds 1-10, and round_bands has the rest, each band exact)
         "rounds": [
-            {"round": rnd, **st.counts(), "phases": st.phases(), "thin": st.completed < MIN_SAMPLES_PER_ROUND}
-            for rnd, st in sorted(rounds.items())
+            {"round": rnd, **rs.round_counts(rnd), "phases": own[rnd].phases() if rnd in own else None,
+             "thin": c[1] < MIN_SAMPLES_PER_ROUND}
+            for rnd, c in sorted(rs.counts.items())
         ],
         "agents": agents,
-        "warnings": warnings_for(data, rounds, sp),
+        "warnings": warnings_for(data, sp),
     }
-    bands = round_bands(rounds)
-    if bands is not None:  # what the tables show of a long run; "rounds" keeps every round
+    bands = rs.bands()
+    if bands is not None:  # what the tables show of a long run
         summary["round_bands"] = [
             {"rounds": [lo, hi], **st.counts(), "phases": st.phases(), "thin": st.completed < MIN_SAMPLES_PER_ROUND}
             for lo, hi, st in bands

@@ -6,15 +6,20 @@
 - `FirstSeenCounts`: a Counter whose ties keep the order in which the values first appeared in
   the requests' order, as a Counter built over a sorted list does;
 - `TimeCounts`: events per label over time in a fixed number of buckets (counts per cell of time,
-  not the events), for the over-time charts of a run whose end is not known before the pass.
+  not the events), for the over-time charts of a run whose end is not known before the pass;
+- `CanaryTally`: the canaries (one a second for as long as the run lasts) without their records:
+  a completed one is its start and its e2e (16 bytes); only the others are kept as records.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+from array import array
 from collections import Counter
 from typing import Any, Hashable
+
+from agentload.records import Record, phase_ns
 
 
 class Spans:
@@ -179,3 +184,56 @@ class TimeCounts:
                 row[min(nb - 1, i // per)] += n
             out[label] = row
         return width_s, out
+
+
+class CanaryTally:
+    """The canaries of a run, fed in stream order (`add(record, order)`): each completed one kept as
+    its start and e2e (ns; -1 when it has none) in two arrays, the others (failed, given up, cut
+    short) as records, put in the requests' order (the order keys given) by `close()`."""
+
+    def __init__(self) -> None:
+        self.ok_start = array("q")
+        self.ok_e2e = array("q")
+        self._others: list[tuple[Any, Record]] = []
+        self.others: list[Record] = []  # in the requests' order, once closed
+        self._closed = False
+
+    def add(self, r: Record, order: Any) -> None:
+        if r.outcome != "ok":
+            self._others.append((order, r))
+            return
+        e2e = phase_ns(r.t, "e2e")
+        self.ok_start.append(r.t.get("start", 0))
+        self.ok_e2e.append(-1 if e2e is None else e2e)
+
+    def close(self) -> "CanaryTally":
+        if not self._closed:
+            self._others.sort(key=lambda x: x[0])
+            self.others = [r for _, r in self._others]
+            self._others = []
+            self._closed = True
+        return self
+
+    @property
+    def ok(self) -> int:
+        return len(self.ok_start)
+
+    def failed(self) -> list[Record]:
+        """The canaries that failed (neither completed nor cut short at the end), in order."""
+        return [c for c in self.others if c.outcome != "cut_short"]
+
+    def sent(self) -> int:
+        """Canaries that got an answer or failed (a canary cut short at the end is neither)."""
+        return self.ok + sum(1 for c in self.others if c.outcome != "cut_short")
+
+    def since(self, t0: int) -> tuple[int, list[int], list[Record]]:
+        """(how many completed, the e2e ns of those that have one, the failed ones) among the
+        canaries that started at or after t0 (a canary without a start counts as starting at 0)."""
+        n = 0
+        e2e: list[int] = []
+        for s, e in zip(self.ok_start, self.ok_e2e):
+            if s >= t0:
+                n += 1
+                if e >= 0:
+                    e2e.append(e)
+        return n, e2e, [c for c in self.failed() if c.t.get("start", 0) >= t0]

@@ -18,14 +18,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 from urllib.parse import urlparse
 
 from agentload.records import Record, phase_at, phase_ns
 from agentload.records.phases import SERVER_PHASES
 from agentload.analysis.passes import one_pass, order_key
-from agentload.analysis.stats import SparseHistogram, fmt_ms as _ms, pct_ms, quantile_ms
-from agentload.analysis.tallies import FirstSeenCounts, SizeCounts, Spans
+from agentload.analysis.stats import SparseHistogram, band_ranges, fmt_ms as _ms, pct_ms, percentiles_ms, quantile_ms
+from agentload.analysis.tallies import CanaryTally, FirstSeenCounts, SizeCounts, Spans
 from agentload.analysis.router import MIN_NAMED_BACKENDS, attribute, backend_evidence, router_inflight
 from agentload.analysis.target_evidence import router_evidence, target_evidence
 
@@ -53,8 +53,15 @@ class Kind(str, Enum):
     ROUTER_LEAK = "router_leak"  # the router still counts requests in flight after every one of agentload's ended
 
 
-SATURATION_LAG_MS = 200.0  # event-loop lag at which agentload's own timings stop meaning much
+# event-loop lag at which agentload's own timings stop meaning much (a 100,000-agent run on 2 shared
+# cores lagged 100-350 ms in every sample, its timing error p99 217 ms: the client was the bottleneck)
+SATURATION_LAG_MS = 100.0
 SATURATED_SHARE = 0.5  # ... in at least this share of the samples
+# ... or this much lag in that share, while the server's send stamps show agentload seeing first tokens
+# late by TIMING_SATURATED_MS at p99 (the same 100,000 agents on a pool of 100: lag 50-183 ms in 61 of
+# 72 samples, timing error p99 117 ms)
+SATURATION_SOME_LAG_MS = 50.0
+TIMING_SATURATED_MS = 50.0
 SATURATED_MIN_SAMPLES = 2
 # The pool explains the latency when pool_wait is this share of e2e (at p50 or p90) ...
 POOL_WAIT_SHARE = 0.2
@@ -161,7 +168,7 @@ class FactsAccumulator:
         self.agent_state: dict[int, AgentTally] = {}
         self.max_round: int | None = None
         self._troubled: list[tuple[tuple[int, int], Record]] = []
-        self._canaries: list[tuple[tuple[int, int], Record]] = []
+        self.canary = CanaryTally()  # completed canaries as (start, e2e), the others as records
         self.fine = 0
         self.fine_prompts = SizeCounts()
         self.with_token = 0
@@ -170,9 +177,9 @@ class FactsAccumulator:
         self.e2e_ok = SparseHistogram()
         self.ttfb_ok = SparseHistogram()
         self.to_token = SparseHistogram()
+        self.timing = SparseHistogram()  # first token seen - the server's own send stamp, where it sent one
         self.waited = Waited()
         self.troubled: list[Record] = []  # in the requests' order, once closed
-        self.canaries: list[Record] = []
         self.min_start: int | None = None  # the first start and the last end of any request (canaries too)
         self.max_end: int | None = None
         self.backends: set[str] = set()  # backend names the records gave (the first MIN_NAMED_BACKENDS)
@@ -191,7 +198,7 @@ class FactsAccumulator:
         if r.backend is not None and len(self.backends) < MIN_NAMED_BACKENDS:
             self.backends.add(r.backend)
         if r.kind == "canary":
-            self._canaries.append((key, r))
+            self.canary.add(r, key)
             return
         if r.kind != "agent":
             return
@@ -227,6 +234,8 @@ class FactsAccumulator:
             ns = phase_ns(t, "ttfb")
             if ns is not None:
                 self.ttfb_ok.record_ns(ns)
+        if r.server_first_token_ns is not None and "first_token" in t:
+            self.timing.record_ns(t["first_token"] - r.server_first_token_ns)
         if ok and not r.stalled_phase:  # fine
             self.fine += 1
             self.fine_prompts.add(r.prompt_tokens)
@@ -241,10 +250,9 @@ class FactsAccumulator:
         """Puts what was kept in the requests' order (as the records sorted by start)."""
         if not self._closed:
             self._troubled.sort(key=lambda x: x[0])
-            self._canaries.sort(key=lambda x: x[0])
             self.troubled = [r for _, r in self._troubled]
-            self.canaries = [r for _, r in self._canaries]
-            self._troubled = self._canaries = []
+            self._troubled = []
+            self.canary.close()
             self._closed = True
         return self
 
@@ -268,6 +276,40 @@ class Waited:
         return self.n
 
 
+class SampleDigest:
+    """What the rules read of samples.jsonl, from one walk of it (the samples of a day-long run are
+    86,400 lines: streamed, never held): how many, those whose pool state could be read, the most
+    waiters, the largest event-loop lag and how many samples lagged past SATURATION_LAG_MS, the
+    pool samples taken while requests were stalled (and those with no waiter), those with more
+    connections in use than requests using them, and the last sample's `stalled_by` that had any."""
+
+    def __init__(self, samples: Iterable[dict[str, Any]]):
+        self.n = self.pool = self.waiters_max = self.lagged = self.some_lag = 0
+        self.stalled_pool = self.stalled_free = self.leaked = 0
+        self.max_lag = 0.0
+        self.last_stalled_by: dict[str, int] | None = None
+        for s in samples:
+            self.n += 1
+            lag = s.get("loop_lag_ms", 0.0)
+            self.max_lag = max(self.max_lag, lag)
+            self.lagged += lag >= SATURATION_LAG_MS
+            self.some_lag += lag >= SATURATION_SOME_LAG_MS
+            if s.get("stalled_by"):
+                self.last_stalled_by = s["stalled_by"]
+            pool = s.get("pool") or {}
+            if "waiters" not in pool:
+                continue
+            self.pool += 1
+            w = pool["waiters"]
+            self.waiters_max = max(self.waiters_max, w)
+            if s.get("stalled"):
+                self.stalled_pool += 1
+                self.stalled_free += w == 0
+            if w > 0 and pool.get("in_use", 0) > sum(k for ph, k in (s.get("inflight") or {}).items()
+                                                    if ph != "pool_wait"):
+                self.leaked += 1
+
+
 class Facts:
     """What every rule reads, computed once from the run folder's data: from the accumulator
     of the report's one pass over the records, or (without one) from a pass of its own."""
@@ -283,7 +325,7 @@ class Facts:
         sc = data.meta.get("scenario") or {}
         self.scenario = sc
         self.requests = acc.requests  # agent requests
-        self.canaries = acc.canaries
+        self.canary = acc.canary
         self.samples = data.samples
         self.agents = set(acc.agent_state)
         self.after_s = float((sc.get("stall") or {}).get("after_s") or 10.0)
@@ -296,16 +338,21 @@ class Facts:
         self.fine = acc.fine  # how many completed without a stall
         self.fine_prompts = acc.fine_prompts
         # aiohttp's connect timeout also covers the wait for a pool slot: one that fired while
-        # the request was still queued is the pool's, not the network's
-        self.pool_timeouts = [r for r in self.errors if r.error == "connect_timeout"
-                              and "queued_start" in r.t and "queued_end" not in r.t]
+        # the request was still queued is the pool's, not the network's. A waiter woken for a slot
+        # another request took first queues again (aiohttp's connector loops): its last
+        # queued_start is then after its queued_end, and it was still queued when it timed out
+        # (100,000 agents on a pool of 100: 80 such, once called connection failures)
+        self.pool_timeouts = [r for r in self.errors if r.error == "connect_timeout" and "queued_start" in r.t
+                              and ("queued_end" not in r.t or r.t["queued_end"] < r.t["queued_start"])]
         self.server_stalls = [r for r in self.stalled if r.stalled_phase in SERVER_PHASES]
         self.pool_stalls = [r for r in self.stalled if r.stalled_phase == "pool_wait"]
+        sd = SampleDigest(self.samples)  # one walk of the samples (streamed from disk)
+        self.sample_digest = sd
+        self.n_samples = sd.n
         # samples whose pool state could be read (an aiohttp whose internals changed leaves it "unknown")
-        self.pool_samples = [s for s in self.samples if "waiters" in (s.get("pool") or {})]
-        self.waiters_max = max([s["pool"]["waiters"] for s in self.pool_samples] + [0])
-        self.max_lag = max([s.get("loop_lag_ms", 0.0) for s in self.samples]
-                           + [self.meta.get("max_loop_lag_ms") or 0.0])
+        self.pool_samples = sd.pool
+        self.waiters_max = sd.waiters_max
+        self.max_lag = max(sd.max_lag, self.meta.get("max_loop_lag_ms") or 0.0)
         # the last record of each agent, where it went wrong: what its conversation ended on
         self.last = {a: st.last for a, st in acc.agent_state.items() if st.last is not None}
         self.waited = acc.waited
@@ -339,13 +386,13 @@ class Facts:
 
     @cached_property
     def pool_wait_ms(self) -> tuple[float | None, float | None]:
-        h = self.acc.pool_wait.histogram()
-        return pct_ms(h, 50), pct_ms(h, 90)
+        pct = percentiles_ms(self.acc.pool_wait, (50, 90)) or {}
+        return pct.get(50), pct.get(90)
 
     @cached_property
     def e2e_ms(self) -> tuple[float | None, float | None]:
-        h = self.acc.e2e_ok.histogram()
-        return pct_ms(h, 50), pct_ms(h, 90)
+        pct = percentiles_ms(self.acc.e2e_ok, (50, 90)) or {}
+        return pct.get(50), pct.get(90)
 
 
 # ---------------------------------------------------------------- the rules, in order
@@ -388,15 +435,27 @@ def rule_agentload_error(f: Facts) -> Finding | None:
 def rule_client_saturated(f: Facts) -> Finding | None:
     """agentload's own loop lagged in most samples: every timing it took is suspect. A single
     spike (start-up, a noisy neighbour) is a warning in the report, not a verdict."""
-    lagged = [s for s in f.samples if s.get("loop_lag_ms", 0.0) >= SATURATION_LAG_MS]
-    if len(lagged) < SATURATED_MIN_SAMPLES or len(lagged) < SATURATED_SHARE * len(f.samples):
+    def most(k: int) -> bool:
+        return k >= SATURATED_MIN_SAMPLES and k >= SATURATED_SHARE * f.n_samples
+
+    te = percentiles_ms(f.acc.timing, (50, 99))
+    lagged, some = f.sample_digest.lagged, f.sample_digest.some_lag
+    if most(lagged):
+        lag_line = f"event-loop lag at or above {SATURATION_LAG_MS:.0f} ms in {lagged} of "
+    elif most(some) and te is not None and te[99] >= TIMING_SATURATED_MS:
+        lagged, lag_line = some, f"event-loop lag at or above {SATURATION_SOME_LAG_MS:.0f} ms in {some} of "
+    else:
         return None
-    return Finding(Kind.CLIENT_SATURATED,
-                   f"agentload's own event loop lagged {f.max_lag:.0f} ms: its timings are not to be trusted; "
-                   f"run fewer agents per process or use --workers",
-                   agents_affected=len(f.agents),
-                   evidence=[f"event-loop lag at or above {SATURATION_LAG_MS:.0f} ms in {len(lagged)} of "
-                             f"{len(f.samples)} one-second samples; largest {f.max_lag:.0f} ms"])
+    fnd = Finding(Kind.CLIENT_SATURATED,
+                  f"agentload's own event loop lagged {f.max_lag:.0f} ms: its timings are not to be trusted; "
+                  f"run fewer agents per process or use --workers",
+                  agents_affected=len(f.agents),
+                  evidence=[lag_line + f"{f.n_samples} one-second samples; largest {f.max_lag:.0f} ms"])
+    if te is not None:  # where the server stamps its sends: how late agentload itself saw the first tokens
+        fnd.evidence.append(f"first token seen - the server's own send stamp: p50 {_ms(te[50])} ms, p99 "
+                            f"{_ms(te[99])} ms over {f.acc.timing.get_total_count()} requests (agentload's "
+                            f"own lateness, and whatever sits between it and the server)")
+    return fnd
 
 
 def _threshold_evidence(failed: list[Record], fine: SizeCounts, verb: str) -> tuple[str | None, int | None]:
@@ -415,25 +474,47 @@ def _threshold_evidence(failed: list[Record], fine: SizeCounts, verb: str) -> tu
             f"larger completed, so size alone does not explain it"), None
 
 
+def _round_rows(rounds: Iterable[int]) -> Callable[[int], str]:
+    """How evidence names a round: itself, or in a run with more than MAX_ROUND_ROWS rounds that
+    have something to say, its band as the tables have it ("rounds 41-80")."""
+    ranges = band_ranges(rounds)
+    if ranges is None:
+        return lambda r: f"round {r}"
+    labels = [(lo, hi, f"round {lo}" if lo == hi else f"rounds {lo}-{hi}") for lo, hi in ranges]
+    return lambda r: next(x for lo, hi, x in labels if lo <= r <= hi)
+
+
+def fmt_round_counts(c: Counter) -> str:
+    """"round 3: 2, round 4: 1", or by band past MAX_ROUND_ROWS rounds (a day-long run)."""
+    label = _round_rows(c)
+    out: Counter = Counter()
+    for rnd in sorted(c):
+        out[label(rnd)] += c[rnd]
+    return ", ".join(f"{k}: {n}" for k, n in out.items())
+
+
 def _fmt_phase_counts(c: Counter) -> str:
-    return ", ".join(f"round {rnd} {ph}: {n}" for (rnd, ph), n in sorted(c.items()))
+    label = _round_rows(rnd for rnd, _ in c)
+    out: Counter = Counter()
+    for (rnd, ph), n in sorted(c.items()):
+        out[(label(rnd), ph)] += n
+    return ", ".join(f"{k} {ph}: {n}" for (k, ph), n in out.items())
 
 
 def canary_evidence(f: Facts, t0: int) -> list[str]:
     """What the canaries (a fresh connection, a short prompt, every canary.every_s) saw from t0 on.
     A canary the run cut short at its end is neither a success nor a failure."""
-    during = [c for c in f.canaries if c.t.get("start", 0) >= t0 and c.outcome != "cut_short"]
+    ok, ok_e2e, failed = f.canary.since(t0)
+    during = ok + len(failed)
     if not during:
         return []
-    ok = [c for c in during if c.outcome == "ok"]
-    failed = [c for c in during if c.outcome != "ok"]
-    med = quantile_ms([phase_ns(c.t, "e2e") for c in ok], 50)
+    med = quantile_ms(ok_e2e, 50)
     quick = med is not None and med < f.after_s * 1000
     text = (f"canaries (fresh connection, short prompt) sent after the first stalled request: "
-            f"{len(ok)}/{len(during)} succeeded" + (f", median {_ms(med)} ms" if med is not None else ""))
+            f"{ok}/{during} succeeded" + (f", median {_ms(med)} ms" if med is not None else ""))
     if not ok:
         text += ": the server is not answering anyone"
-    elif len(failed) * 2 > len(during):
+    elif len(failed) * 2 > during:
         text += ": most canaries failed too, so the server is failing for everyone, not only for these agents"
     elif not quick:
         text += (f": canaries took over stall.after_s ({f.after_s:g} s) too, so the server is slow for everyone, "
@@ -496,10 +577,9 @@ def rule_server_stall(f: Facts) -> Finding | None:
     pings = sum(r.comments for r in st)
     if pings:
         ev.append(f"{pings} SSE comment(s) (': ping') arrived on stalled requests: bytes flowed, tokens did not")
-    stalled_samples = [s for s in f.pool_samples if s.get("stalled")]
+    stalled_samples, free = f.sample_digest.stalled_pool, f.sample_digest.stalled_free
     if stalled_samples:
-        free = [s for s in stalled_samples if s.get("pool", {}).get("waiters", 0) == 0]
-        ev.append(f"the pool had no waiters queued in {len(free)} of {len(stalled_samples)} samples taken while "
+        ev.append(f"the pool had no waiters queued in {free} of {stalled_samples} samples taken while "
                   f"requests were stalled (limit {f.limit or 'unlimited'}, max waiters seen {f.waiters_max})")
     ev.append(f"stalled requests on reused keep-alive connections: {sum(1 for r in st if r.reused)}, on new "
               f"connections: {sum(1 for r in st if r.reused is False)}")
@@ -557,12 +637,11 @@ def rule_client_pool(f: Facts) -> Finding | None:
         ev.append(f"the one-second sampler saw up to {f.waiters_max} request(s) queued for a connection at "
                   f"limit {f.limit}")
     elif f.pool_samples:
-        ev.append(f"the one-second sampler caught no waiters in {len(f.pool_samples)} sample(s) (queues shorter than "
+        ev.append(f"the one-second sampler caught no waiters in {f.pool_samples} sample(s) (queues shorter than "
                   f"its tick); the records above are the evidence")
-    leak = [s for s in f.pool_samples if s["pool"]["waiters"] > 0
-            and s["pool"].get("in_use", 0) > sum(k for ph, k in (s.get("inflight") or {}).items() if ph != "pool_wait")]
+    leak = f.sample_digest.leaked
     if leak:
-        ev.append(f"in {len(leak)} sample(s) more connections were in use than requests were using them: "
+        ev.append(f"in {leak} sample(s) more connections were in use than requests were using them: "
                   f"connections leaked (responses not read to the end or not released)")
     ttfb = pct_ms(f.acc.ttfb_ok, 50)
     ev.append(f"once sent, the server answered: ttfb p50 {_ms(ttfb)} ms")
@@ -574,7 +653,7 @@ def _error_finding(f: Facts, kind: Kind, errs: list[Record], summary: str, phase
     fails = {id(r) for r in errs}
     stopped = f.stopped_by(lambda r: id(r) in fails)
     fnd = Finding(kind, summary, phase, min(by_round), len({r.agent for r in errs}), len(stopped))
-    fnd.evidence.append("errors by round: " + ", ".join(f"round {k}: {n}" for k, n in sorted(by_round.items()))
+    fnd.evidence.append("errors by round: " + fmt_round_counts(by_round)
                         + f"; {len(stopped)} agent(s) stopped on them (error_retries exhausted)")
     fnd.evidence.extend(f.backend_lines(errs, "failed"))  # the backend(s) behind a router
     thr_text, thr = _threshold_evidence(errs, f.fine_prompts, "failed")
@@ -699,7 +778,7 @@ def rule_no_tool_calls(f: Facts) -> Finding | None:
     conv = f.scenario.get("conversation") or {}
     ev = fnd.evidence
     ev.append("answers without a tool call that ended a conversation, by round: "
-              + ", ".join(f"round {k}: {v}" for k, v in sorted(by_round.items()))
+              + fmt_round_counts(by_round)
               + f" (agents.rounds = {f.max_rounds}); conversation.mode = \"model\" goes on only when the model "
                 f"calls a tool")
     if finish.get("length"):
@@ -727,7 +806,7 @@ def rule_killed_while_stalled(f: Facts) -> Finding | None:
     """A run killed while requests hung has no record of them: the last sample still knows."""
     if f.meta.get("ended", True):
         return None
-    last_stalled = next((s.get("stalled_by") for s in reversed(f.samples) if s.get("stalled_by")), None)
+    last_stalled = f.sample_digest.last_stalled_by
     if not last_stalled:
         return None
     (rnd, phase), _ = max(((tuple(k.split("/")), n) for k, n in last_stalled.items()), key=lambda x: x[1])
@@ -747,10 +826,10 @@ def rule_canary_failures(f: Facts) -> Finding | None:
     are that rule's evidence, not a finding of their own."""
     if f.server_stalls:
         return None
-    failed = [c for c in f.canaries if c.outcome not in ("ok", "cut_short")]
+    failed = f.canary.failed()
     if not failed:
         return None
-    sent = sum(1 for c in f.canaries if c.outcome != "cut_short")
+    sent = f.canary.sent()
     timeout = (f.scenario.get("canary") or {}).get("timeout_s")
     fnd = Finding(Kind.CANARY_FAILURES,
                   f"canaries failed: {len(failed)} of {sent} (fresh connection, short prompt) "
@@ -831,8 +910,8 @@ def findings(f: Facts, rules: list[Callable[[Facts], Finding | None]] = RULES) -
 
 def healthy(f: Facts) -> dict[str, Any]:
     ft = f.acc.with_token  # fine answers with a token; their sent -> first token in acc.to_token
-    to_tok = f.acc.to_token.histogram()
-    p50, p99 = pct_ms(to_tok, 50), pct_ms(to_tok, 99)
+    pct = percentiles_ms(f.acc.to_token, (50, 99)) or {}
+    p50, p99 = pct.get(50), pct.get(99)
     pw90 = f.pool_wait_ms[1]
     v = Finding(Kind.HEALTHY,
                 f"healthy: {f.fine} of {f.requests} requests completed without a stall over "

@@ -131,16 +131,29 @@ def phase_ns(t: dict[str, int], phase: str, reused: bool | None = None) -> int |
 
     e2e runs from when the request should have started (open loop: coordinated omission),
     else from its send."""
-    if "start" not in t:
-        return None
-    p = BY_NAME[phase]  # KeyError for a phase the table does not know
-    b = phase_begin(t, phase)
-    if b is None:
-        if (p.passed_if_reused and reused) or any(s in t for s in p.passed_by):
+    return DURATION[phase](t, reused)  # KeyError for a phase the table does not know
+
+
+def _duration_of(p: Phase):
+    """`phase_ns` of one phase, with its row's stamps bound (called for every phase of every record)."""
+    start, end, passed_by, passed_if_reused = p.start, p.end, p.passed_by, p.passed_if_reused
+
+    def duration(t: dict[str, int], reused: bool | None = None) -> int | None:
+        if "start" not in t:
+            return None
+        for s in start:
+            b = t.get(s)
+            if b is not None:
+                e = t.get(end)
+                return None if e is None else e - b
+        if (passed_if_reused and reused) or any(s in t for s in passed_by):
             return 0
         return None
-    end = t.get(p.end)
-    return None if end is None else end - b
+
+    return duration
+
+
+DURATION = {p.name: _duration_of(p) for p in TABLE}  # phase -> its phase_ns(t, reused)
 
 
 def request_segments(t: dict[str, int]) -> list[tuple[str, int, int]]:

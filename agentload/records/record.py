@@ -148,6 +148,8 @@ class Record:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Record":
         # Fields added after version 1 have defaults: older records load without them.
+        if tuple(d) == _FIELDS:  # every field in order (as written): the usual case, positional
+            return cls(*d.values())
         return cls(**{k: d[k] for k in _FIELDS if k in d or k not in _OPTIONAL})
 
     # ---- derived values (never stored)

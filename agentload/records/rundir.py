@@ -11,6 +11,10 @@ A run with `--workers N` has one records file and one samples file per worker pr
 report, the histograms and the verdict cover the whole run; samples (one a second per worker)
 are merged into one sample a second for the whole run (`merge_worker_samples`).
 
+Samples are read once too, and kept compressed (`Samples`: a sequence of dicts parsed again from
+zlib-compressed JSON lines each time it is walked): a day-long run has 86,400 of them, which as
+dicts would outweigh everything else a report keeps.
+
 Records come in file order (an agent's requests are sequential, so its records are in order;
 across agents, by when each request ended). Consumers that need the order of the requests'
 starts sort what they keep by `start_key` and their position in the stream.
@@ -27,10 +31,12 @@ Both counts are known once a stream has been read to its end. Records are read t
 
 from __future__ import annotations
 
+import heapq
 import re
+import zlib
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import orjson
 
@@ -53,7 +59,7 @@ class RunData:
 
     Disk-backed (`load_run`) it holds no record; made with `from_records` it streams that list."""
 
-    def __init__(self, path: Path, meta: dict[str, Any], samples: list[dict[str, Any]], *,
+    def __init__(self, path: Path, meta: dict[str, Any], samples: "Sequence[dict[str, Any]]", *,
                  files: Iterable[Path] = (), records: Iterable[Record] | None = None,
                  torn_lines: int = 0, other_run_records: int = 0):
         self.path = Path(path)
@@ -130,13 +136,14 @@ class RunData:
     # ---- the other inputs, each read once
 
     @property
-    def samples(self) -> list[dict[str, Any]]:
+    def samples(self) -> "Sequence[dict[str, Any]]":
         """One sample a second (merged over the workers); when the folder holds other runs'
         records, only those taken while this run was going (samples carry no run id)."""
         if self._raw_samples and self.other_run_records:
             lo, hi = int(self.meta.get("t0_ns") or 0), int(self.meta.get("t_end_ns") or 0) or None
-            return [s for s in self._raw_samples
-                    if isinstance(s.get("t"), int) and s["t"] >= lo and (hi is None or s["t"] <= hi)]
+            if isinstance(self._raw_samples, Samples):
+                return self._raw_samples.within(lo, hi)
+            return [s for s in self._raw_samples if _within(s, lo, hi)]
         return self._raw_samples
 
     @cached_property
@@ -145,6 +152,92 @@ class RunData:
         from agentload.records.target_metrics import load_target_metrics
 
         return load_target_metrics(self.path, int(self.meta.get("t0_ns") or 0), meta=self.meta)
+
+
+def _within(s: dict[str, Any], lo: int, hi: int | None) -> bool:
+    t = s.get("t")
+    return isinstance(t, int) and t >= lo and (hi is None or t <= hi)
+
+
+class Samples(Sequence):
+    """The run's samples (samples.jsonl; the workers' samples-wI.jsonl merged a second at a time, as
+    `merge_worker_samples` does), read from disk once and kept as their JSON lines in zlib-compressed
+    blocks: a sequence of dicts parsed again each time it is walked. A day-long run has 86,400
+    samples; as dicts they would outweigh everything else a report keeps (~1.4 KB each), as
+    compressed lines they take a few MB. Indexing walks it (the last sample, `[-1]`, is the usual
+    ask). `within(lo, hi)`: only the samples taken in that span of the records' clock."""
+
+    BLOCK = 1024  # lines per compressed block
+
+    def __init__(self, lines: Iterable[bytes] = ()):
+        self._blocks: list[bytes] = []
+        self._n = 0
+        buf: list[bytes] = []
+        for line in lines:
+            buf.append(line)
+            if len(buf) == self.BLOCK:
+                self._flush(buf)
+        self._flush(buf)
+
+    def _flush(self, buf: list[bytes]) -> None:
+        if buf:
+            self._blocks.append(zlib.compress(b"\n".join(buf), 1))
+            self._n += len(buf)
+            buf.clear()
+
+    @classmethod
+    def read(cls, files: list[Path], t0_ns: int) -> "Samples":
+        """Each file read once (one walk of all of them together, for the workers' merge)."""
+        if len(files) == 1:
+            return cls(_object_lines(files[0]))
+        merged = iter_merged_samples([(d for d in iter_record_dicts(f) if d is not None) for f in files], t0_ns)
+        return cls(orjson.dumps(d) for d in merged)
+
+    def within(self, lo: int, hi: int | None) -> "Samples":
+        return Samples(orjson.dumps(d) for d in self if _within(d, lo, hi))
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for block in self._blocks:
+            for line in zlib.decompress(block).split(b"\n"):
+                yield orjson.loads(line)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return list(self)[i]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("sample index out of range")
+        block = zlib.decompress(self._blocks[i // self.BLOCK]).split(b"\n")
+        return orjson.loads(block[i % self.BLOCK])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, tuple, Samples)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Samples({self._n} samples)"
+
+
+def _object_lines(path: Path) -> Iterator[bytes]:
+    """The lines of a JSONL file that hold a JSON object (as `iter_record_dicts` yields them)."""
+    with open(path, "rb") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                d = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(d, dict):
+                yield line
 
 
 def _load_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -217,6 +310,41 @@ def merge_worker_samples(per_worker: list[list[dict[str, Any]]], t0_ns: int, eve
     return out
 
 
+def iter_merged_samples(per_worker: list[Iterable[dict[str, Any]]], t0_ns: int,
+                        every_s: float = 1.0) -> Iterator[dict[str, Any]]:
+    """`merge_worker_samples` as a stream: each worker's samples come in time order (the sampler
+    writes them so), so the slots come one after the other and only one slot is held at a time."""
+    if len(per_worker) == 1:
+        yield from per_worker[0]
+        return
+    period = max(1, int(every_s * 1e9))
+
+    def keyed(w: int, it: Iterable[dict[str, Any]]) -> Iterator[tuple[int, int, dict[str, Any]]]:
+        for s in it:
+            t = s.get("t")
+            if isinstance(t, int):
+                yield (t - t0_ns) // period, w, s
+
+    slot: dict[int, dict[str, Any]] = {}
+    cur: int | None = None
+    for k, w, s in heapq.merge(*(keyed(w, it) for w, it in enumerate(per_worker)), key=lambda x: (x[0], x[1])):
+        if k != cur and slot:
+            yield _merged_slot(slot)
+            slot = {}
+        cur = k
+        slot[w] = s
+    if slot:
+        yield _merged_slot(slot)
+
+
+def _merged_slot(slot: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    acc: dict[str, Any] = {}
+    for w in sorted(slot):
+        _merge_into(acc, slot[w])
+    acc["workers"] = len(slot)
+    return acc
+
+
 def load_run(path: Path) -> RunData:
     """The run folder at `path`: run.json and the samples read, the records left on disk."""
     path = Path(path)
@@ -233,8 +361,5 @@ def load_run(path: Path) -> RunData:
         raise UserError(f"{meta_path}: expected a JSON object (the run's metadata written by `agentload run`)")
     register_target((meta.get("scenario") or {}).get("target") or {})  # the secrets this environment holds
     sample_files = worker_files(path, "samples", ".jsonl")
-    if len(sample_files) <= 1:
-        samples = _load_jsonl(sample_files[0]) if sample_files else []
-    else:
-        samples = merge_worker_samples([_load_jsonl(f) for f in sample_files], int(meta.get("t0_ns") or 0))
+    samples: Sequence[dict[str, Any]] = Samples.read(sample_files, int(meta.get("t0_ns") or 0)) if sample_files else []
     return RunData(path, meta, samples, files=worker_files(path, "records", ".jsonl"))

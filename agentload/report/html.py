@@ -26,20 +26,20 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from agentload.analysis.stats import band_ranges
 from agentload.redact import redact
 from agentload.report.text import fmt_ms
 from agentload.records import REPORT_PHASES, Record, phase_ns
 from agentload.records import phases as phase_table
 from agentload.records.rundir import RunData
-from agentload.report.html_view import (MAX_LANES, MAX_TIMELINE_REQUESTS, HtmlView, html_view,  # noqa: F401
-                                        nice as _nice, sec as _sec)
+from agentload.report.html_view import (MAX_LANES, MAX_POINTS, MAX_TIMELINE_REQUESTS, HtmlView,  # noqa: F401
+                                        html_view, nice as _nice, sample_series, sec as _sec)
 from agentload.report.router_chart import (FaultWindow, add_fault_bands, fault_windows, fig_router_inflight,
                                            fig_router_rounds, fig_router_share, router_html)
 from agentload.report.target_chart import fig_target_metrics
 from agentload.report.timeline import (GAP_COLORS, GAP_KINDS, GAP_LABELS, REQUEST_PHASES, Lane, end_phase,
                                        request_segments, thin_for_drawing)
 
-MAX_POINTS = 1500  # points per series in the over-time charts
 PROMPT_BINS = 24
 
 # the phase table's colours and labels, then the timeline's gaps between requests
@@ -185,9 +185,18 @@ def fig_timeline(data: RunData, view: HtmlView, faults: list[FaultWindow] | None
 # ---------------------------------------------------------------- per round
 
 
+def _row_label(r: dict[str, Any]) -> Any:
+    """A per-round table row's label: its round, or a band's 'first-last' (a long run)."""
+    if "round" in r:
+        return r["round"]
+    lo, hi = r["rounds"]
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
 def fig_rounds(summary: dict[str, Any]) -> go.Figure:
-    rounds = summary.get("rounds", [])
-    xs = [r["round"] for r in rounds]
+    bands = summary.get("round_bands")
+    rounds = bands or summary.get("rounds", [])  # a long run: later rounds in bands, as the tables
+    xs = [_row_label(r) for r in rounds]
     fig = go.Figure()
     for p in REPORT_PHASES:
         for q, dash in (("p50_ms", "solid"), ("p99_ms", "dot")):
@@ -201,7 +210,8 @@ def fig_rounds(summary: dict[str, Any]) -> go.Figure:
                                          hovertemplate=f"round %{{x}}<br>{p} {q[:3]} %{{y:.1f}} ms<extra></extra>"))
     fig.update_layout(template=TEMPLATE, height=420, title=dict(text="Phase percentiles per round (solid p50, dotted p99)",
                                                                 x=0.01, xanchor="left"),
-                      xaxis=dict(title="round", dtick=1), yaxis=dict(title="ms (log)", type="log"),
+                      xaxis=dict(title="round", type="category") if bands else dict(title="round", dtick=1),
+                      yaxis=dict(title="ms (log)", type="log"),
                       margin=dict(l=60, r=20, t=50, b=50))
     return fig
 
@@ -209,15 +219,16 @@ def fig_rounds(summary: dict[str, Any]) -> go.Figure:
 def table_rounds(summary: dict[str, Any]) -> str:
     head = "".join(f"<th>{p}<br><small>p50 / p90 / p99 (max)</small></th>" for p in REPORT_PHASES)
     rows = []
-    for r in summary.get("rounds", []) + ([{"round": "all", **summary["totals"], "phases": summary.get("phases", {})}]
-                                          if summary.get("rounds") else []):
+    rows_of = summary.get("round_bands") or summary.get("rounds", [])  # a long run: later rounds in bands
+    for r in rows_of + ([{"round": "all", **summary["totals"], "phases": summary.get("phases", {})}]
+                        if summary.get("rounds") else []):
         cells = []
         for p in REPORT_PHASES:
             ph = r["phases"].get(p)
             cells.append("<td>-</td>" if not ph else
                          f"<td>{_ms(ph['p50_ms'])} / {_ms(ph['p90_ms'])} / {_ms(ph['p99_ms'])} "
                          f"<small>({_ms(ph['max_ms'])})</small></td>")
-        rows.append(f"<tr><th>{_e(r['round'])}</th><td>{r['requests']}</td><td>{r['completed']}</td>"
+        rows.append(f"<tr><th>{_e(_row_label(r))}</th><td>{r['requests']}</td><td>{r['completed']}</td>"
                     f"<td>{r['errors']}</td><td>{r['stalled']}</td><td>{r.get('cut_short', 0)}</td>{''.join(cells)}</tr>")
     return (f"<table class='num'><thead><tr><th>round</th><th>requests</th><th>ok</th><th>errors</th>"
             f"<th>stalled</th><th>cut short</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
@@ -225,19 +236,29 @@ def table_rounds(summary: dict[str, Any]) -> str:
 
 def table_stalls(view: HtmlView) -> str:
     stalls, errors = view.stalls, view.errors
-    rounds = sorted(view.rounds)
     if not stalls and not errors:
         return "<p>No request stalled or failed.</p>"
+    # a long run: rounds 1-10 one by one, then the bands of every per-round table
+    ranges = band_ranges(view.rounds) or [(r, r) for r in sorted(view.rounds)]
     head = "".join(f"<th>{p}</th>" for p in REQUEST_PHASES)
+    s_by: Counter = Counter()
+    e_by: Counter = Counter()
+    row_of = {rnd: i for i, (lo, hi) in enumerate(ranges) for rnd in
+              {k for k, _ in stalls} | {k for k, _ in errors} if lo <= rnd <= hi}
+    for (rnd, p), n in stalls.items():
+        s_by[(row_of[rnd], p)] += n
+    for (rnd, p), n in errors.items():
+        e_by[(row_of[rnd], p)] += n
     rows = []
-    for rnd in rounds:
+    for i, (lo, hi) in enumerate(ranges):
         cells = []
         for p in REQUEST_PHASES:
-            s, e = stalls.get((rnd, p), 0), errors.get((rnd, p), 0)
+            s, e = s_by.get((i, p), 0), e_by.get((i, p), 0)
             cls = " class='bad'" if s or e else ""
             cells.append(f"<td{cls}>{s} / {e}</td>" if s or e else "<td></td>")
-        rows.append(f"<tr><th>{rnd}</th>{''.join(cells)}<td>{sum(v for (k, _), v in stalls.items() if k == rnd)} / "
-                    f"{sum(v for (k, _), v in errors.items() if k == rnd)}</td></tr>")
+        label = lo if lo == hi else f"{lo}-{hi}"
+        rows.append(f"<tr><th>{label}</th>{''.join(cells)}<td>{sum(v for (k, _), v in s_by.items() if k == i)} / "
+                    f"{sum(v for (k, _), v in e_by.items() if k == i)}</td></tr>")
     by_err = view.error_classes.counter()
     err_line = ("<p>Errors by class: " + ", ".join(f"{_e(k)} x{v}" for k, v in by_err.most_common()) + "</p>"
                 if by_err else "")
@@ -307,15 +328,15 @@ def fig_over_time(data: RunData, view: HtmlView, faults: list[FaultWindow] | Non
                                         "throughput: completed requests/s and output tokens/s",
                                         "errors, stalls given up and cut-short requests (count per bin, by end time)",
                                         "canary latency (fresh connection, short prompt)"))
-    samples = [s for s in data.samples if isinstance(s.get("t"), int)]
-    sx = [_sec(s["t"], t0) for s in samples]
-    phases = [p for p in REQUEST_PHASES if any((s.get("inflight") or {}).get(p) for s in samples)]
-    cols = {p: [(s.get("inflight") or {}).get(p, 0) for s in samples] for p in phases}
-    cols["__stalled"] = [s.get("stalled", 0) for s in samples]
     pool_keys = ("in_use", "idle", "waiters", "limit")
+    fns: dict[str, Any] = {p: (lambda s, p=p: (s.get("inflight") or {}).get(p, 0)) for p in REQUEST_PHASES}
+    fns["__stalled"] = lambda s: s.get("stalled", 0)
     for k in pool_keys:
-        cols[f"__pool_{k}"] = [(s.get("pool") or {}).get(k, 0) for s in samples]
-    dx, dc = _downsample(sx, cols, MAX_POINTS)
+        fns[f"__pool_{k}"] = lambda s, k=k: (s.get("pool") or {}).get(k, 0)
+    # streamed from samples.jsonl, at most MAX_POINTS per series (the largest of each block)
+    dx, dc = sample_series(data.samples, lambda s: _sec(s["t"], t0), fns, MAX_POINTS)
+    phases = [p for p in REQUEST_PHASES if any(dc[p])]
+    samples = bool(dx)
     for p in phases:
         fig.add_trace(go.Scatter(x=dx, y=dc[p], name=f"in flight: {p}", stackgroup="inflight", mode="lines",
                                  line=dict(color=COLORS[p], width=0.5), legendgroup="inflight"), row=1, col=1)
@@ -349,20 +370,24 @@ def fig_over_time(data: RunData, view: HtmlView, faults: list[FaultWindow] | Non
     if not any(any(v) for v in errs.values()):
         _note(fig, 4, "no errors, stalls or cut-short requests")
 
-    canaries = [r for r in view.canaries() if "start" in r.t]
-    ok = [r for r in canaries if r.outcome == "ok"]
-    bad = [r for r in canaries if r.outcome != "ok"]
-    if ok:
-        fig.add_trace(go.Scatter(x=[_sec(r.t["start"], t0) for r in ok],
-                                 y=[round((phase_ns(r.t, "e2e") or 0) / 1e6, 3) for r in ok],
-                                 mode="lines+markers", name="canary e2e ms", line=dict(color="#2ca02c"),
-                                 hovertext=[_hover(r) for r in ok], hoverinfo="text"), row=5, col=1)
-    if bad:
-        fig.add_trace(go.Scatter(x=[_sec(r.t["start"], t0) for r in bad],
-                                 y=[round(((r.t.get("end") or r.t["start"]) - r.t["start"]) / 1e6, 3) for r in bad],
-                                 mode="markers", name="canary failed", marker=dict(symbol="x", color="#d62728", size=10),
-                                 hovertext=[_hover(r) for r in bad], hoverinfo="text"), row=5, col=1)
-    if not canaries:
+    canaries = view.canary_points
+    for kind in ("ok", "bad"):
+        starts, ms, recs = canaries.points(kind)
+        if not starts:
+            continue
+        xs = [_sec(v, t0) for v in starts]
+        hover: list[str] | None = [_hover(r) for r in recs] if recs is not None else None
+        if len(xs) > MAX_POINTS:  # a long run's canaries: the slowest of each block of k
+            xs, cols = _downsample(xs, {"ms": ms}, MAX_POINTS)
+            ms, hover = cols["ms"], None
+        if kind == "ok":
+            fig.add_trace(go.Scatter(x=xs, y=ms, mode="lines+markers", name="canary e2e ms", line=dict(color="#2ca02c"),
+                                     hovertext=hover, hoverinfo="text" if hover is not None else None), row=5, col=1)
+        else:
+            fig.add_trace(go.Scatter(x=xs, y=ms, mode="markers", name="canary failed",
+                                     marker=dict(symbol="x", color="#d62728", size=10),
+                                     hovertext=hover, hoverinfo="text" if hover is not None else None), row=5, col=1)
+    if not len(canaries):
         _note(fig, 5, "no canaries in this run ([canary] every_s = 0)")
     add_fault_bands(fig, faults or [], rows=5)
     fig.update_layout(template=TEMPLATE, height=1250, margin=dict(l=60, r=60, t=40, b=50),

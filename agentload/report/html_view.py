@@ -10,17 +10,19 @@ renders what this holds.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from agentload.analysis.passes import order_key
 from agentload.analysis.tallies import FirstSeenCounts
-from agentload.records import Record
+from agentload.records import Record, phase_ns
 from agentload.report.timeline import Lane, LaneSampler, end_phase
 
 if TYPE_CHECKING:
     from agentload.records.rundir import RunData
 
+MAX_POINTS = 1500  # points per series in the over-time charts
 MAX_LANES = 150  # agent lanes drawn in the timeline; more are sampled (and the chart says so)
 MAX_TIMELINE_REQUESTS = 6000  # requests drawn in the timeline; a long run leaves out sub-pixel ones
 LANE_BUDGET = 2 * MAX_TIMELINE_REQUESTS  # requests the lane sampler holds before it lets short ones go
@@ -139,6 +141,77 @@ class EndBins:
         return end_s, width, nb, done, toks, errs
 
 
+class CanarySeries:
+    """The canary chart's points from the stream: per canary with a start, its start, its place in
+    the stream and its latency (ms: e2e of a completed one, start to end of another), in arrays;
+    the records themselves (for each point's hover text) only while there are at most `keep` of a
+    kind (a day of canaries, one a second, is 86,400: then the chart is downsampled instead)."""
+
+    def __init__(self, keep: int = MAX_POINTS):
+        self.keep = keep
+        self.cols = {k: (array("q"), array("q"), array("d")) for k in ("ok", "bad")}
+        self.recs: dict[str, list[Record] | None] = {"ok": [], "bad": []}
+
+    def add(self, r: Record, seq: int) -> None:
+        t = r.t
+        s = t.get("start")
+        if s is None:
+            return
+        k = "ok" if r.outcome == "ok" else "bad"
+        ms = (round((phase_ns(t, "e2e") or 0) / 1e6, 3) if k == "ok"
+              else round(((t.get("end") or s) - s) / 1e6, 3))
+        starts, seqs, vals = self.cols[k]
+        starts.append(s)
+        seqs.append(seq)
+        vals.append(ms)
+        recs = self.recs[k]
+        if recs is not None:
+            recs.append(r)
+            if len(recs) > self.keep:
+                self.recs[k] = None
+
+    def points(self, kind: str) -> tuple[list[int], list[float], list[Record] | None]:
+        """(starts, ms, records or None) of one kind ("ok" or "bad"), in the requests' order."""
+        starts, seqs, vals = self.cols[kind]
+        order = sorted(range(len(starts)), key=lambda i: (starts[i], seqs[i]))
+        recs = self.recs[kind]
+        return ([starts[i] for i in order], [vals[i] for i in order],
+                None if recs is None else [recs[i] for i in order])
+
+    def __len__(self) -> int:
+        return sum(len(c[0]) for c in self.cols.values())
+
+
+def sample_series(samples: Iterable[dict[str, Any]], x: Callable[[dict[str, Any]], float],
+                  cols: dict[str, Callable[[dict[str, Any]], Any]], max_points: int | None = MAX_POINTS
+                  ) -> tuple[list[float], dict[str, list]]:
+    """Columns of the samples that have a `t`, read as a stream (samples.jsonl is read from disk
+    each walk: a day-long run has 86,400): every `k`-th sample's x and, per column, the largest
+    value of each block of k samples, k the smallest that leaves at most `max_points` (1: every
+    sample; None: never downsampled)."""
+    n = sum(1 for s in samples if isinstance(s.get("t"), int)) if max_points is not None else 0
+    k = math.ceil(n / max_points) if max_points is not None and n > max_points else 1
+    xs: list[float] = []
+    out: dict[str, list] = {name: [] for name in cols}
+    fns = list(cols.items())
+    i = 0
+    for s in samples:
+        if not isinstance(s.get("t"), int):
+            continue
+        if i % k == 0:
+            xs.append(x(s))
+            for name, f in fns:
+                out[name].append(f(s))
+        else:
+            for name, f in fns:
+                v = f(s)
+                col = out[name]
+                if v > col[-1]:
+                    col[-1] = v
+        i += 1
+    return xs, out
+
+
 class HtmlView:
     """The HTML report's consumer of the records' pass (`add` each record)."""
 
@@ -156,7 +229,9 @@ class HtmlView:
         self.errors: Counter = Counter()  # (round, phase it failed in) -> failed requests
         self.rounds: set[int] = set()
         self.error_classes = FirstSeenCounts()
-        self.prompts: dict[int, list[int]] = {}  # prompt tokens -> [requests, stalled, failed]
+        self.prompts: dict[int, int] = {}  # prompt tokens -> requests
+        self.prompts_bad: dict[int, list[int]] = {}  # prompt tokens -> [stalled, failed] (where any)
+        self.canary_points = CanarySeries()
 
     def add(self, r: Record) -> None:
         self.records += 1
@@ -165,6 +240,8 @@ class HtmlView:
         s = r.t.get("start")
         if s is not None:
             self.min_start = s if self.min_start is None else min(self.min_start, s)
+        if r.kind == "canary":
+            self.canary_points.add(r, self.seq)
         if r.kind != "agent":
             return
         self.rounds.add(r.round)
@@ -173,12 +250,14 @@ class HtmlView:
         if r.outcome == "error":
             self.errors[(r.round, end_phase(r))] += 1
             self.error_classes.add(r.error, order_key(r, self.seq))
-        b = self.prompts.get(r.prompt_tokens)
-        if b is None:
-            b = self.prompts[r.prompt_tokens] = [0, 0, 0]
-        b[0] += 1
-        b[1] += bool(r.stalled_phase)
-        b[2] += r.outcome == "error"
+        pt = r.prompt_tokens
+        self.prompts[pt] = self.prompts.get(pt, 0) + 1
+        if r.stalled_phase or r.outcome == "error":
+            b = self.prompts_bad.get(pt)
+            if b is None:
+                b = self.prompts_bad[pt] = [0, 0]
+            b[0] += bool(r.stalled_phase)
+            b[1] += r.outcome == "error"
         self.ends.add(r)
 
     # ---- after the pass
@@ -192,10 +271,6 @@ class HtmlView:
     def run_end(self, samples: list[dict[str, Any]]) -> int:
         return self.lanes.run_end(samples)
 
-    def canaries(self) -> list[Record]:
-        lane = self.lanes.canary_lane()
-        return lane.records if lane is not None else []
-
     def canary_lane(self) -> Lane | None:
         return self.lanes.canary_lane()
 
@@ -208,7 +283,8 @@ class HtmlView:
         base = math.floor(lo / width) * width
         out: dict[int, dict[str, Any]] = {}
         for size in sorted(self.prompts):
-            n, st, er = self.prompts[size]
+            n = self.prompts[size]
+            st, er = self.prompts_bad.get(size, (0, 0))
             i = int((size - base) // width)
             b = out.setdefault(i, {"lo": base + i * width, "hi": base + (i + 1) * width, "n": 0, "stalled": 0,
                                    "errors": 0})

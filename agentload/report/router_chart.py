@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentload.analysis.router import inflight_series
 from agentload.analysis.stats import fmt_ms
+from agentload.report.html_view import sample_series
 from agentload.report.text import fault_line, inflight_line, router_title
 
 if TYPE_CHECKING:
@@ -146,10 +147,11 @@ def fig_router_inflight(data: "RunData", windows: list[FaultWindow]):
     for i, (url, name, xs, ys) in enumerate(series):
         fig.add_trace(go.Scatter(x=xs, y=ys, name=f"router: {name}" + (f" ({url})" if len(series) > 1 else ""),
                                  mode="lines+markers", line=dict(shape="hv", color=_color(i))))
-    samples = [s for s in data.samples if isinstance(s.get("t"), int)]
-    if samples:
-        fig.add_trace(go.Scatter(x=[round((s["t"] - t0) / 1e9, 3) for s in samples],
-                                 y=[sum((s.get("inflight") or {}).values()) for s in samples],
+    # streamed from the samples (a day has 86,400), at most MAX_POINTS (the largest of each block)
+    sx, cols = sample_series(data.samples, lambda s: round((s["t"] - t0) / 1e9, 3),
+                             {"inflight": lambda s: sum((s.get("inflight") or {}).values())})
+    if sx:
+        fig.add_trace(go.Scatter(x=sx, y=cols["inflight"],
                                  name="agentload: requests in flight", mode="lines",
                                  line=dict(dash="dot", color="#888")))
     add_fault_bands(fig, windows)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentload.records.target_metrics import chosen_series, series_label
+from agentload.report.html_view import sample_series
 from agentload.report.router_chart import FaultWindow, add_fault_bands
 
 if TYPE_CHECKING:
@@ -32,10 +33,12 @@ def fig_target_metrics(data: "RunData", names: list[str] | None = None, faults: 
     rows = len(tm.urls)
     titles = [f"{u}  ({tm.scrapes[u]['ok']} scrapes ok, {tm.scrapes[u]['failed']} failed)" for u in tm.urls]
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.08)
-    samples = [s for s in data.samples if isinstance(s.get("t"), int)]
-    sx = [(s["t"] - t0) / 1e9 for s in samples]
-    own_inflight = [sum((s.get("inflight") or {}).values()) for s in samples]
-    own_stalled = [s.get("stalled", 0) for s in samples]
+    # streamed from the samples (a day has 86,400), at most MAX_POINTS (the largest of each block)
+    sx, own = sample_series(data.samples, lambda s: (s["t"] - t0) / 1e9,
+                            {"inflight": lambda s: sum((s.get("inflight") or {}).values()),
+                             "stalled": lambda s: s.get("stalled", 0)})
+    samples = bool(sx)
+    own_inflight, own_stalled = own["inflight"], own["stalled"]
     for row, url in enumerate(tm.urls, start=1):
         for s in (x for x in chosen if x.url == url):
             fig.add_trace(go.Scatter(x=s.t_s, y=s.values, name=series_label(s), mode="lines",

@@ -195,7 +195,9 @@ class LaneSampler:
     that budget (in agent order), so when the kept lanes hold more than `budget` requests the
     sampler does the same as it goes: it lets go completed requests and tool gaps shorter than
     1/3000 of the run (from run.json; else of the run as seen so far), then the lanes (in agent
-    order) past `budget`, and takes no lane of a later agent number after that.
+    order) past `budget`, and takes no lane of a later agent number after that. The canaries' lane
+    (one a second for as long as the run lasts) counts toward that budget and loses its short
+    completed requests by the same rule.
 
     An agent's requests are sequential, so its records reach the stream in order; one that
     comes out of order is drawn, but no gap is drawn to it.
@@ -213,6 +215,7 @@ class LaneSampler:
         self.bad = _Pool(cap)
         self.good = _Pool(cap)
         self.canaries: list[tuple[tuple, Record]] = []
+        self.canaries_dropped = 0  # completed canaries too short to see that the sampler let go
         self.kept = 0  # requests in kept lanes
         self.trim_at = budget  # trim when `kept` passes this (raised when a trim cannot get below budget)
         self.ceiling: int | None = None  # no lane of an agent numbered above this (the budget)
@@ -232,6 +235,9 @@ class LaneSampler:
         order = _lane_order(r, self.seq)
         if r.kind == "canary":
             self.canaries.append((order, r))
+            if self.kept + len(self.canaries) > self.trim_at:  # a day of canaries, one a second
+                self._trim()
+                self.trim_at = max(self.budget, self.kept + len(self.canaries) + self.budget // 2)
             return
         a = r.agent
         prev = self.last.get(a)
@@ -259,9 +265,9 @@ class LaneSampler:
             self.kept += 1
         if in_order:
             self.last[a] = _Last(order, r.t.get("end"), r.round, r.outcome)
-        if self.kept > self.trim_at:
+        if self.kept + len(self.canaries) > self.trim_at:
             self._trim()
-            self.trim_at = max(self.budget, self.kept + self.budget // 2)
+            self.trim_at = max(self.budget, self.kept + len(self.canaries) + self.budget // 2)
 
     def _room(self, a: int) -> bool:
         return self.ceiling is None or a <= self.ceiling
@@ -295,6 +301,9 @@ class LaneSampler:
                     lane.gaps = [g for g in lane.gaps if g[0] == "no_record" or g[2] - g[1] >= min_ns]
                     lane.dropped += n - len(lane.records)
                     self.kept -= n - len(lane.records)
+            n = len(self.canaries)  # the canaries' lane, by the same rule
+            self.canaries = [x for x in self.canaries if not self._short(x[1], min_ns)]
+            self.canaries_dropped += n - len(self.canaries)
         if self.kept <= self.budget:
             return
         used = len(self.canaries)  # the drawing's first lane
@@ -319,10 +328,10 @@ class LaneSampler:
         return run_end_ns(self.meta, samples, self.seen_max)
 
     def canary_lane(self) -> Lane | None:
-        if not self.canaries:
+        if not self.canaries and not self.canaries_dropped:
             return None
         self.canaries.sort(key=lambda x: x[0])
-        return Lane(-1, [r for _, r in self.canaries], [])
+        return Lane(-1, [r for _, r in self.canaries], [], dropped=self.canaries_dropped)
 
     def no_record_agents(self, end: int) -> set[int]:
         """Agents that had a request in flight that left no record (a killed run)."""
