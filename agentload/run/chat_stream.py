@@ -7,6 +7,10 @@ the read loop can stamp its timestamps without looking inside the JSON itself::
     flags = cs.add(payload)
     if flags & TOKEN and t_first_token is None: t_first_token = now
 
+``add_many(payloads)`` takes the events of one network read in one call (what ``add`` does for
+each, in order) and returns their flags or-ed; ``first_token_payload`` keeps the payload of the
+first chunk that carried a token (where a server's own send stamp is looked for).
+
 Flags:
 
 - ``TOKEN``: the chunk carries output. That is a non-empty ``content``,
@@ -52,7 +56,7 @@ valid JSON. Explicit ``null``s (SGLang) are ignored. A fragment without an
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import orjson
 
@@ -126,6 +130,7 @@ class ChatStream:
         "dones",
         "no_choices",
         "not_completion",
+        "first_token_payload",
         "_content",
         "_calls",
         "_last_index",
@@ -147,6 +152,7 @@ class ChatStream:
         self.dones = 0  # [DONE] sentinels seen
         self.no_choices = 0  # JSON objects without choices (usage-only chunks, errors, other)
         self.not_completion: str | None = None  # from_response: why the body is not a chat.completion
+        self.first_token_payload: bytes | None = None  # the first chunk that carried a token
         self._content: list[str] = []
         # index -> [id, type, name, [argument fragments]]
         self._calls: dict[int, list] = {}
@@ -164,72 +170,93 @@ class ChatStream:
 
     def add(self, payload: bytes) -> int:
         """Add one SSE data payload; return a bitmask of TOKEN|FINISH|USAGE|DONE|ERROR|BAD_JSON."""
-        self.chunks += 1
-        if payload == b"[DONE]":
-            self.done = True
-            self.dones += 1
-            return DONE
-        try:
-            obj = _loads(payload)
-        except _JSONDecodeError:
-            if payload.strip() == b"[DONE]":
+        return self.add_many((payload,))
+
+    def add_many(self, payloads: Iterable[bytes]) -> int:
+        """Add SSE data payloads, in stream order (the events of one read); return the bitmask of
+        what any of them carried (`add`'s flags, or-ed). Each payload is taken exactly as by `add`
+        (which is this with one payload): one loop here instead of a call per event."""
+        out = 0
+        n = 0
+        tokens = 0
+        append = self._content.append
+        for payload in payloads:
+            n += 1
+            if payload == b"[DONE]":
                 self.done = True
                 self.dones += 1
-                return DONE
-            return self._bad(payload)
-        if type(obj) is not dict:
-            return self._bad(payload)
+                out |= DONE
+                continue
+            try:
+                obj = _loads(payload)
+            except _JSONDecodeError:
+                if payload.strip() == b"[DONE]":
+                    self.done = True
+                    self.dones += 1
+                    out |= DONE
+                else:
+                    out |= self._bad(payload)
+                continue
+            if type(obj) is not dict:
+                out |= self._bad(payload)
+                continue
 
-        flags = 0
-        choices = obj.get("choices")
-        if choices:
-            if self.id is None:
-                self.id = obj.get("id")
-                self.model = obj.get("model")
-                self.fingerprint = obj.get("system_fingerprint")
-            try:  # zero-cost unless a field has the wrong type (a str delta, choices: 5, ...)
-                for ch in choices:
-                    if type(ch) is not dict or ch.get("index"):
-                        continue  # only choice 0
-                    delta = ch.get("delta")
-                    if delta:
-                        c = delta.get("content")
-                        if c and type(c) is str:
-                            self._content.append(c)
-                            flags = TOKEN
-                        r = delta.get("reasoning_content") or delta.get("reasoning")
-                        if r and type(r) is str:  # output (progress), never sent back: not kept
-                            flags = TOKEN
-                        tc = delta.get("tool_calls")
-                        if tc and self._add_tool_calls(tc):
-                            flags = TOKEN
-                    fr = ch.get("finish_reason")
-                    if fr:
-                        if type(fr) is not str:
-                            raise TypeError("finish_reason")
-                        self.finish_reason = fr
-                        flags |= FINISH
-            except (AttributeError, TypeError):
-                flags |= self._bad(payload)
-        else:
-            self.no_choices += 1
-            if self.id is None and "id" in obj:
-                self.id = obj.get("id")
-                self.fingerprint = obj.get("system_fingerprint")
-                self.model = obj.get("model")
-            err = obj.get("error")
-            if err or obj.get("object") == "error":
-                flags |= self._set_error(_error_text(err, obj))
-        u = obj.get("usage")
-        if u:
-            if type(u) is dict:
-                self.usage = u
-                flags |= USAGE
-            else:  # "usage": "n/a": never kept (readers rely on a dict or None)
-                flags |= self._bad(payload)
-        if flags & TOKEN:
-            self.token_chunks += 1
-        return flags
+            flags = 0
+            choices = obj.get("choices")
+            if choices:
+                if self.id is None:
+                    self.id = obj.get("id")
+                    self.model = obj.get("model")
+                    self.fingerprint = obj.get("system_fingerprint")
+                try:  # zero-cost unless a field has the wrong type (a str delta, choices: 5, ...)
+                    for ch in choices:
+                        if type(ch) is not dict or ch.get("index"):
+                            continue  # only choice 0
+                        delta = ch.get("delta")
+                        if delta:
+                            c = delta.get("content")
+                            if c and type(c) is str:
+                                append(c)
+                                flags = TOKEN
+                            if c is None or len(delta) > 1:  # ({"content": ...} alone, the usual delta, has no more)
+                                r = delta.get("reasoning_content") or delta.get("reasoning")
+                                if r and type(r) is str:  # output (progress), never sent back: not kept
+                                    flags = TOKEN
+                                tc = delta.get("tool_calls")
+                                if tc and self._add_tool_calls(tc):
+                                    flags = TOKEN
+                        fr = ch.get("finish_reason")
+                        if fr:
+                            if type(fr) is not str:
+                                raise TypeError("finish_reason")
+                            self.finish_reason = fr
+                            flags |= FINISH
+                except (AttributeError, TypeError):
+                    flags |= self._bad(payload)
+            else:
+                self.no_choices += 1
+                if self.id is None and "id" in obj:
+                    self.id = obj.get("id")
+                    self.fingerprint = obj.get("system_fingerprint")
+                    self.model = obj.get("model")
+                err = obj.get("error")
+                if err or obj.get("object") == "error":
+                    flags |= self._set_error(_error_text(err, obj))
+            u = obj.get("usage")
+            if u:
+                if type(u) is dict:
+                    self.usage = u
+                    flags |= USAGE
+                else:  # "usage": "n/a": never kept (readers rely on a dict or None)
+                    flags |= self._bad(payload)
+            if flags & TOKEN:
+                tokens += 1
+                if tokens == 1 and self.first_token_payload is None:
+                    self.first_token_payload = payload
+            out |= flags
+        self.chunks += n
+        self.token_chunks += tokens
+        return out
 
     def add_error_event(self, payload: bytes) -> int:
         """Add the payload of an SSE ``event: error``: always reports ERROR.
@@ -424,6 +451,11 @@ class ChatStream:
                 }
             )
         return out
+
+    @property
+    def tool_call_count(self) -> int:
+        """len(self.tool_calls), without building them when there are none."""
+        return len(self.tool_calls) if self._calls else 0
 
     def assistant_message(self, content: str = "null") -> dict:
         """The assistant message a real agent appends to its history (see `assistant_turn`).

@@ -30,9 +30,9 @@ _now = time.perf_counter_ns
 MAX_CRASH_ENTRIES = 50  # crash entries kept in run.json (all counted in crash_count)
 
 
-@dataclass
+@dataclass(slots=True)
 class AgentState:
-    """What the live view and the agent dump show for one agent."""
+    """What the live view and the agent dump show for one agent (slots: 100,000 of them)."""
 
     agent: int
     round: int = 0

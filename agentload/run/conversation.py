@@ -1,11 +1,14 @@
 """One agent's growing conversation: messages, tool schemas, tool calls and their results.
 
-The history only grows, so each message is serialised once, appended to one growing buffer of
-the messages so far, and the request body is a fixed prefix + that buffer + a fixed suffix:
-appending a message never re-serialises the history. That buffer is the only copy of the
-history kept (`messages` decodes it on demand): not one bytes object per message (orjson returns
-each result in an allocation of at least 4 KiB: gigabytes for 10,000 long conversations), and no
-dict per message (fewer objects for the garbage collector to walk: shorter pauses).
+The history only grows, so each message is serialised once and the request body is kept whole:
+a fixed prefix (model, tools, settings: one bytes object shared by every agent with the same
+settings), the messages so far, a fixed suffix. Appending a message copies the body once with the
+new message in it; it never re-serialises the history, and sending hands over that same bytes
+object. That body is the only copy of the history kept (`messages` decodes it on demand): not one
+bytes object per message (orjson returns each result in an allocation of at least 4 KiB:
+gigabytes for 10,000 long conversations), no dict per message (fewer objects for the garbage
+collector to walk: shorter pauses), and no second copy while a request waits for a connection
+(100,000 agents queued for a pool of 100: 3.5 KB less each).
 
 Every size, count and text is drawn from the agent's own numpy Generator (`agent_rng`): a
 stream of its own, the same for the same seed whatever the number of agents.
@@ -17,6 +20,7 @@ import random
 from typing import Any
 
 import numpy as np
+import numpy.random  # noqa: F401  numpy loads it lazily: at import here, not inside the first agent's first step (5-10 ms)
 import orjson
 
 from agentload.run.chat_stream import assistant_turn
@@ -25,6 +29,7 @@ from agentload.tokens import _WORDS, message_tokens, text_tokens
 
 # The synthetic-text words with their trailing space: 4 bytes each, so one uint32 per word.
 _WORD_CELLS = np.frombuffer("".join(w + " " for w in _WORDS).encode("ascii"), dtype=np.uint32)
+_N_WORDS = float(len(_WORD_CELLS))
 
 
 def agent_rng(seed: int, agent: int) -> np.random.Generator:
@@ -38,7 +43,9 @@ def synthetic_text(rng: np.random.Generator, tokens: int) -> str:
     if tokens <= 0:
         return ""
     # floor(u * 420) of a 53-bit u: uniform over the words to 1e-13
-    cells = _WORD_CELLS[(rng.random(tokens) * len(_WORD_CELLS)).astype(np.intp)]
+    u = rng.random(tokens)
+    u *= _N_WORDS  # in place: one array fewer
+    cells = _WORD_CELLS[u.astype(np.intp)]
     return cells.tobytes()[:-1].decode("ascii")
 
 
@@ -69,11 +76,36 @@ def tool_schemas(n: int) -> list[dict[str, Any]]:
     ]
 
 
+_HEADS: dict[tuple, tuple[bytes, int]] = {}  # the body prefix and the tools' tokens, per settings
+
+
+def _head(cfg: ConversationConfig, model: str, tools: list[dict[str, Any]]) -> tuple[bytes, int]:
+    """'{...,"messages":[' (everything but the messages, serialised once) and the tools' token
+    count: one bytes object for every conversation with the same settings and tools."""
+    key = (model, cfg.max_tokens, cfg.stream, cfg.include_usage, orjson.dumps(cfg.tool_choice_json()),
+           orjson.dumps(tools) if tools else b"")
+    got = _HEADS.get(key)
+    if got is None:
+        body: dict[str, Any] = {"model": model, "max_tokens": cfg.max_tokens, "stream": cfg.stream}
+        if cfg.stream and cfg.include_usage:
+            body["stream_options"] = {"include_usage": True}
+        if tools:
+            body["tools"] = tools
+            choice = cfg.tool_choice_json()
+            if choice is not None:
+                body["tool_choice"] = choice
+        got = (orjson.dumps(body)[:-1] + b',"messages":[', text_tokens(key[5].decode()) if tools else 0)
+        if len(_HEADS) >= 64:  # settings seen in one process: a handful; never unbounded
+            _HEADS.clear()
+        _HEADS[key] = got
+    return got
+
+
 class Conversation:
     """Messages of one agent, with their serialised form and token estimate kept in step."""
 
-    __slots__ = ("cfg", "model", "rng", "tools", "_tools_tokens", "_head", "_msgs", "n_messages",
-                 "tokens", "agent", "round")
+    __slots__ = ("cfg", "model", "rng", "tools", "_tools_tokens", "_body", "_head_len", "n_messages",
+                 "tokens", "agent", "round", "_latency_s", "_user_tokens")
 
     def __init__(self, cfg: ConversationConfig, model: str, rng: np.random.Generator | random.Random, agent: int,
                  tools: list[dict[str, Any]] | None = None):
@@ -85,39 +117,35 @@ class Conversation:
         self.agent = agent
         self.round = 0
         self.tools = tools if tools is not None else tool_schemas(cfg.tools)
-        body: dict[str, Any] = {"model": model, "max_tokens": cfg.max_tokens, "stream": cfg.stream}
-        if cfg.stream and cfg.include_usage:
-            body["stream_options"] = {"include_usage": True}
-        if self.tools:
-            body["tools"] = self.tools
-            choice = cfg.tool_choice_json()
-            if choice is not None:
-                body["tool_choice"] = choice
-        # '{...,"messages":[' : everything but the messages, serialised once.
-        self._head = orjson.dumps(body)[:-1] + b',"messages":['
-        self._tools_tokens = text_tokens(orjson.dumps(self.tools).decode()) if self.tools else 0
-        self._msgs = bytearray()  # the serialised messages so far, comma-separated
+        head, self._tools_tokens = _head(cfg, model, self.tools)
+        self._head_len = len(head)
+        self._body = head + b"]}"  # '{...,"messages":[' + the messages, comma-separated + ']}'
         self.n_messages = 0
         self.tokens = self._tools_tokens
+        # A constant draws nothing from the generator: its value, taken once per conversation
+        # (None: drawn at each use).
+        lat, ut = cfg.tool_latency_ms, cfg.user_tokens
+        self._latency_s = lat.sample(rng) / 1000.0 if lat.kind == "constant" else None
+        self._user_tokens = max(1, ut.sample_int(rng)) if ut.kind == "constant" else None
         sys_text = synthetic_text(rng, cfg.system_tokens.sample_int(rng))
         user_text = synthetic_text(rng, max(1, cfg.user_tokens.sample_int(rng)))
         self.append({"role": "system", "content": sys_text})
         self.append({"role": "user", "content": user_text})
 
     def append(self, message: dict[str, Any]) -> None:
+        b = self._body
+        self._body = b"".join((memoryview(b)[:-2], b"," if self.n_messages else b"", orjson.dumps(message), b"]}"))
         self.n_messages += 1
-        if self._msgs:
-            self._msgs += b","
-        self._msgs += orjson.dumps(message)
         self.tokens += message_tokens(message)
 
     def body(self) -> bytes:
-        return b"".join((self._head, self._msgs, b"]}"))
+        """The request body (the same bytes object until the next message is appended)."""
+        return self._body
 
     @property
     def messages(self) -> list[dict[str, Any]]:
         """The messages so far, decoded from the serialised history (a fresh list each call)."""
-        return orjson.loads(b"".join((b"[", self._msgs, b"]")))
+        return orjson.loads(b"".join((b"[", memoryview(self._body)[self._head_len:-2], b"]")))
 
     # ---- scripted mode: the agent decides the tool calls itself
 
@@ -142,8 +170,12 @@ class Conversation:
         return out
 
     def tool_latency_s(self) -> float:
-        return self.cfg.tool_latency_ms.sample(self.rng) / 1000.0
+        v = self._latency_s
+        return v if v is not None else self.cfg.tool_latency_ms.sample(self.rng) / 1000.0
 
     def next_user_turn(self) -> None:
         """After an answer with no tool call, scripted agents keep going with a new user turn."""
-        self.append({"role": "user", "content": synthetic_text(self.rng, max(1, self.cfg.user_tokens.sample_int(self.rng)))})
+        n = self._user_tokens
+        if n is None:
+            n = max(1, self.cfg.user_tokens.sample_int(self.rng))
+        self.append({"role": "user", "content": synthetic_text(self.rng, n)})

@@ -67,6 +67,13 @@ _now = time.perf_counter_ns
 
 SHUTDOWN_GRACE_S = 3.0
 ARRIVAL_SLICE = 64  # agents started per event-loop step at most; each first step costs ~0.3 ms (64: ~20 ms)
+# Closed loop: after every this many agents started, what exists is frozen for the collector (gc.freeze:
+# moved out of every generation at once, never walked again until the run's end unfreezes it). The
+# agents' long-lived objects (tasks, conversations, generators) would otherwise be walked by every
+# full collection while they pile up: 100,000 agents queued at once, a 3.3 s pause at 70,000. Only
+# garbage in reference cycles made before a freeze waits for the run's end (young collections
+# during such runs find none).
+FREEZE_EVERY_AGENTS = 10_000
 BACKGROUND_RESTARTS = 3  # a crashed background task is restarted this often, then left dead (the watchdog: the run stops)
 RESTART_PAUSE_S = 0.1
 
@@ -235,6 +242,7 @@ async def _arrivals(ctx: RunContext, tasks: set[asyncio.Task]) -> None:
     # first steps (building a conversation, asking the pool) and every socket event in between run
     # before the next slice. 100,000 agents at once froze the loop 12-22 s (false connect timeouts).
     started = 0
+    own = 0  # agents this process started
     if a.arrival == "closed":
         n = a.count
         ramp = 0.0 if a.start == "all" else float(a.start)
@@ -258,6 +266,12 @@ async def _arrivals(ctx: RunContext, tasks: set[asyncio.Task]) -> None:
                     return
             _track(ctx, tasks, asyncio.create_task(run_agent(ctx, i), name=f"agent-{i}"))
             started += 1
+            own += 1
+            if own % FREEZE_EVERY_AGENTS == 0:
+                gc.freeze()
+        if own >= FREEZE_EVERY_AGENTS:  # the last slice's agents, once their first step has run
+            await asyncio.sleep(0)
+            gc.freeze()
         return
     # Open loop: new conversations start at a rate, whatever the server does; each first
     # request carries the time it should have started, so latency counts the lateness too.

@@ -134,6 +134,18 @@ class SSEDecoder:
         self.events += n
         return out
 
+    def no_bom(self) -> None:
+        """The stream's first bytes were seen elsewhere and hold no BOM (they start with
+        ``data: ``): never look for one."""
+        if not self._pending:
+            self._bom = False
+
+    def idle(self) -> bool:
+        """Nothing held: no partial event, no BOM still possible, no CR carried over. The next
+        read then decodes on its own: whole one-line ``data:`` events to their payloads alone,
+        which a caller may take without calling ``feed`` (``request.SSEBody`` does)."""
+        return not self._pending and not self._bom and not self._cr
+
     def flush(self) -> list[tuple[int, bytes]]:
         """End of stream: return the unterminated trailing event, if any; reset."""
         out: list[tuple[int, bytes]] = []

@@ -81,53 +81,57 @@ def _trace_of(ctx: SimpleNamespace) -> Trace | None:
     return ctx.trace_request_ctx
 
 
+# Each hook reads its request's Trace (`trace_request_ctx`, None for a request sent without one)
+# and stamps it: written out in each, they run on every request.
+
 async def _queued_start(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-    tr = _trace_of(ctx)
+    tr = ctx.trace_request_ctx
     if tr is not None:
         tr.t["queued_start"] = _now()
 
 
 async def _queued_end(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-    tr = _trace_of(ctx)
+    tr = ctx.trace_request_ctx
     if tr is not None:
         tr.t["queued_end"] = _now()
 
 
 async def _create_start(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-    tr = _trace_of(ctx)
+    tr = ctx.trace_request_ctx
     if tr is not None:
         tr.t["conn_start"] = _now()
         tr.reused = False
 
 
 async def _create_end(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-    tr = _trace_of(ctx)
+    tr = ctx.trace_request_ctx
     if tr is not None:
         tr.t["conn_end"] = _now()
 
 
 async def _reuse(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-    tr = _trace_of(ctx)
+    tr = ctx.trace_request_ctx
     if tr is not None:
         tr.reused = True
 
 
 async def _chunk_sent(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-    # Fires after the body was handed to the socket; the last one wins.
-    tr = _trace_of(ctx)
+    # Fires as the body is handed to the socket (aiohttp 3.14 awaits it right before the write); the last
+    # one wins.
+    tr = ctx.trace_request_ctx
     if tr is not None:
         tr.t["sent"] = _now()
 
 
 async def _headers_sent(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-    tr = _trace_of(ctx)
+    tr = ctx.trace_request_ctx
     if tr is not None and "sent" not in tr.t:
         tr.t["sent"] = _now()
 
 
 async def _request_end(session: Any, ctx: SimpleNamespace, params: Any) -> None:
     # aiohttp fires this at response headers, before the body.
-    tr = _trace_of(ctx)
+    tr = ctx.trace_request_ctx
     if tr is not None:
         tr.t["headers"] = _now()
 
