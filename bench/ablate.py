@@ -87,7 +87,8 @@ def _convbuf() -> None:
         self.tokens += message_tokens(message)
 
     def body(self):
-        return self._head + b",".join(p for _, p in parts[id(self)]) + b"]}"
+        head = bytes(memoryview(self._body)[:self._head_len])  # everything before the messages
+        return head + b",".join(p for _, p in parts[id(self)]) + b"]}"
 
     Conversation.append = append
     Conversation.body = body
