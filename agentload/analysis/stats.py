@@ -22,7 +22,7 @@ from typing import Callable, Generic, Iterable, TypeVar
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from agentload.records import REPORT_PHASES, Record, phase_ns
+from agentload.records import REPORT_PHASES, Record
 from agentload.records.histograms import HIST_MAX_US, HIST_MIN_US, new_histogram, record_ns
 from agentload.records.phases import BY_NAME, DURATION
 
