@@ -23,7 +23,7 @@ from agentload.report.text import render
 def write_reports(run_dir: Path, width: int = 120) -> tuple[dict[str, Any], str]:
     run_dir = Path(run_dir)
     data = load_run(run_dir)  # also remembers the secrets run.json's target names, from this environment
-    from agentload.report.html import build_html  # plotly import is slow-ish: only when writing
+    from agentload.report.html import build_html_bytes  # plotly import is slow-ish: only when writing
 
     # one pass over the records feeds the summary (and the verdict) and the HTML report
     sp, view = SummaryPass(data), HtmlView(data)
@@ -37,7 +37,7 @@ def write_reports(run_dir: Path, width: int = 120) -> tuple[dict[str, Any], str]
     try:
         write_atomic(run_dir / "summary.json", redact_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2)))
         write_atomic(run_dir / "report.txt", text.encode("utf-8"))
-        write_atomic(run_dir / "report.html", build_html(data, summary, view).encode("utf-8"))
+        write_atomic(run_dir / "report.html", build_html_bytes(data, summary, view))
     except OSError as e:  # a read-only copy of a run folder, a full disk
         raise UserError(f"{run_dir}: cannot write the reports into the run folder "
                         f"({e.strerror or e.__class__.__name__}); expected a writable folder") from None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import html
 import math
+import pkgutil
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -521,23 +522,42 @@ table.num thead th{background:#f5f5f5;text-align:center}td.bad{background:#fdece
 def build_html(data: RunData, summary: dict[str, Any], view: HtmlView | None = None) -> str:
     """The whole report.html as one string (deterministic for a given run folder). `view`: what
     the report's pass over the records gathered for it (else a pass of its own)."""
+    return _page(data, summary, view).replace(_PLOTLYJS_SLOT, get_plotlyjs(), 1)
+
+
+def build_html_bytes(data: RunData, summary: dict[str, Any], view: HtmlView | None = None) -> bytes:
+    """`build_html(...).encode("utf-8")`, with plotly.js's 4.8 MB joined in as the package's bytes:
+    one copy of it in memory, not three (its text, the page's text, the page's bytes)."""
+    head, tail = _page(data, summary, view).split(_PLOTLYJS_SLOT, 1)
+    return b"".join((head.encode("utf-8"), pkgutil.get_data("plotly", "package_data/plotly.min.js") or b"",
+                     tail.encode("utf-8")))
+
+
+def _page(data: RunData, summary: dict[str, Any], view: HtmlView | None) -> str:
+    """The page, redacted, with a slot where plotly.js goes."""
     if view is None:
         view = html_view(data)
     run = summary["run"]
     faults = fault_windows(summary)  # scheduled faults (a router soak): shaded on every chart over time
+    # each figure is rendered as soon as it is built and let go: one plotly figure in memory at a time
+    rendered: dict[str, str] = {}
     timeline, note, shown = fig_timeline(data, view, faults)
-    figs = [("fig-timeline", timeline), ("fig-rounds", fig_rounds(summary)), ("fig-prompt", fig_prompt(view)),
-            ("fig-over-time", fig_over_time(data, view, faults))]
-    target_fig = fig_target_metrics(data, faults=faults)  # [target] metrics_urls: the router's/engines' own series
-    if target_fig is not None:
-        figs.append(("fig-target", target_fig))
+    rendered["fig-timeline"] = _figure_html(timeline, "fig-timeline")
+    del timeline
+    makers: list[tuple[str, Any]] = [("fig-rounds", lambda: fig_rounds(summary)), ("fig-prompt", lambda: fig_prompt(view)),
+                                     ("fig-over-time", lambda: fig_over_time(data, view, faults)),
+                                     # [target] metrics_urls: the router's/engines' own series
+                                     ("fig-target", lambda: fig_target_metrics(data, faults=faults))]
     if summary.get("router"):
-        figs.append(("fig-router-share", fig_router_share(summary, faults)))
-        figs.append(("fig-router-rounds", fig_router_rounds(summary)))
-        inflight_fig = fig_router_inflight(data, faults)
-        if inflight_fig is not None:
-            figs.append(("fig-router-inflight", inflight_fig))
-    rendered = {fid: _figure_html(f, fid) for fid, f in figs}
+        makers += [("fig-router-share", lambda: fig_router_share(summary, faults)),
+                   ("fig-router-rounds", lambda: fig_router_rounds(summary)),
+                   ("fig-router-inflight", lambda: fig_router_inflight(data, faults))]
+    for fid, make in makers:
+        fig = make()
+        if fig is not None:
+            rendered[fid] = _figure_html(fig, fid)
+        del fig
+    figs = rendered
     title = f"agentload report: {run.get('scenario')} ({run.get('id')})"
     body = [
         f"<h1>{_e(title)}</h1>",
@@ -567,7 +587,7 @@ def build_html(data: RunData, summary: dict[str, Any], view: HtmlView | None = N
             f"<body data-figures='{len(figs)}'>" + "\n".join(body) + "</body></html>\n")
     # every secret this process knows is hidden in what the run put into the page; plotly.js itself
     # is left alone (a short key that happens to be a word of its code must not break the charts)
-    return redact(page).replace(_PLOTLYJS_SLOT, get_plotlyjs(), 1)
+    return redact(page)
 
 
 _PLOTLYJS_SLOT = "\x00agentload-plotly.js\x00"

@@ -142,17 +142,17 @@ class EndBins:
 
 
 class CanarySeries:
-    """The canary chart's points from the stream: per canary with a start, its start, its place in
-    the stream and its latency (ms: e2e of a completed one, start to end of another), in arrays;
+    """The canary chart's points from the stream: per canary with a start, its start and its latency
+    (ms: e2e of a completed one, start to end of another), in two arrays (16 bytes a canary);
     the records themselves (for each point's hover text) only while there are at most `keep` of a
     kind (a day of canaries, one a second, is 86,400: then the chart is downsampled instead)."""
 
     def __init__(self, keep: int = MAX_POINTS):
         self.keep = keep
-        self.cols = {k: (array("q"), array("q"), array("d")) for k in ("ok", "bad")}
+        self.cols = {k: (array("q"), array("d")) for k in ("ok", "bad")}
         self.recs: dict[str, list[Record] | None] = {"ok": [], "bad": []}
 
-    def add(self, r: Record, seq: int) -> None:
+    def add(self, r: Record) -> None:
         t = r.t
         s = t.get("start")
         if s is None:
@@ -160,9 +160,8 @@ class CanarySeries:
         k = "ok" if r.outcome == "ok" else "bad"
         ms = (round((phase_ns(t, "e2e") or 0) / 1e6, 3) if k == "ok"
               else round(((t.get("end") or s) - s) / 1e6, 3))
-        starts, seqs, vals = self.cols[k]
+        starts, vals = self.cols[k]
         starts.append(s)
-        seqs.append(seq)
         vals.append(ms)
         recs = self.recs[k]
         if recs is not None:
@@ -171,9 +170,10 @@ class CanarySeries:
                 self.recs[k] = None
 
     def points(self, kind: str) -> tuple[list[int], list[float], list[Record] | None]:
-        """(starts, ms, records or None) of one kind ("ok" or "bad"), in the requests' order."""
-        starts, seqs, vals = self.cols[kind]
-        order = sorted(range(len(starts)), key=lambda i: (starts[i], seqs[i]))
+        """(starts, ms, records or None) of one kind ("ok" or "bad"), in the requests' order (by start,
+        then their place in the stream: a stable sort)."""
+        starts, vals = self.cols[kind]
+        order = sorted(range(len(starts)), key=starts.__getitem__)
         recs = self.recs[kind]
         return ([starts[i] for i in order], [vals[i] for i in order],
                 None if recs is None else [recs[i] for i in order])
@@ -241,7 +241,7 @@ class HtmlView:
         if s is not None:
             self.min_start = s if self.min_start is None else min(self.min_start, s)
         if r.kind == "canary":
-            self.canary_points.add(r, self.seq)
+            self.canary_points.add(r)
         if r.kind != "agent":
             return
         self.rounds.add(r.round)
