@@ -540,3 +540,86 @@ def test_pipeline_sse_to_chat_stream(data, content, cut, eol, pings):
     assert cs.content == "".join(content)
     assert cs.assistant_message()["tool_calls"] == expected_calls(calls)
     assert cs.usage["completion_tokens"] == 3
+
+
+# ----------------------------------------------------------------------------- learned chunk shapes
+
+_MUTATIONS = [b'"', b'\\', b'","x":"', b'"},"y":{"z":"', b'\\"', b'\n', b'"]', b'\xff', b'{', b'}', b',']
+
+
+def _state(cs: ChatStream) -> dict:
+    """Everything a ChatStream tells its readers."""
+    return {k: getattr(cs, k) for k in ("id", "model", "fingerprint", "finish_reason", "usage", "error", "errors",
+                                        "chunks", "token_chunks", "bad_json", "first_bad", "done", "dones",
+                                        "no_choices", "first_token_payload", "content", "tool_calls")}
+
+
+@st.composite
+def streams(draw):
+    """A stream's payloads as a vLLM-like server sends them (token chunks that differ only in their
+    text, tool-call argument fragments, role/finish/usage chunks, [DONE]), some of them corrupted
+    byte-wise where a learned shape would look (inside, around or instead of the text), split into
+    reads."""
+    stamp = draw(st.booleans())
+    out = [chunk({"role": "assistant", "content": ""})]
+    for i in range(draw(st.integers(0, 12))):
+        kind = draw(st.sampled_from(["content", "content", "args", "empty", "other"]))
+        if kind == "content":
+            extra = {"mock_sent_ns": 5} if stamp and i == 0 else {}
+            p = chunk({"content": draw(st.text(max_size=6))}, **extra)
+        elif kind == "args":
+            p = chunk({"tool_calls": [tc(draw(st.integers(0, 1)), arguments=draw(st.text(max_size=6)))]})
+        elif kind == "empty":
+            p = chunk({"content": ""})
+        else:
+            p = draw(st.sampled_from([chunk({"reasoning_content": "r"}), chunk({}, "stop"), usage_chunk(),
+                                      chunk({"tool_calls": [tc(0, id="c0", name="f")]}), b"[DONE]", b"not json"]))
+        if draw(st.integers(0, 4)) == 0:  # corrupt it near its text
+            at = p.find(b'"content":"') + 11 if b'"content":"' in p else p.find(b'"arguments":"') + 13
+            at = max(at, 0) + draw(st.integers(-2, 3))
+            m = draw(st.sampled_from(_MUTATIONS))
+            cut = draw(st.integers(0, 2))
+            p = p[:max(at, 0)] + m + p[max(at, 0) + cut:]
+        out.append(p)
+    sizes = draw(st.lists(st.integers(1, 6), min_size=len(out), max_size=len(out)))
+    reads, i = [], 0
+    for n in sizes:
+        if i >= len(out):
+            break
+        reads.append(out[i:i + n])
+        i += n
+    return reads
+
+
+@settings(max_examples=600, deadline=None)
+@given(reads=streams())
+def test_learned_shapes_take_exactly_what_parsing_every_chunk_takes(reads):
+    """A payload that matches the stream's learned shape is not parsed as an object: the result
+    must be the same as parsing every chunk, whatever the chunks and the reads' boundaries."""
+    fast, slow = ChatStream(), ChatStream()
+    slow._learned = 99  # never learns a shape: every chunk parsed
+    for payloads in reads:
+        got = fast.add_many(payloads)
+        want = 0
+        for p in payloads:
+            want |= slow.add(p)
+        assert got == want, payloads
+    assert _state(fast) == _state(slow)
+
+
+def test_a_learned_shape_skips_parsing_and_a_mismatch_is_parsed():
+    """The bench's burst: the stamped first token, then 31 chunks of the same shape in one read."""
+    cs = ChatStream()
+    first = chunk({"content": "a"}, mock_sent_ns=7)
+    rest = [chunk({"content": f" w{i}"}) for i in range(31)]
+    assert cs.add_many([chunk({"role": "assistant", "content": ""}), first, *rest, chunk({}, "stop"),
+                        usage_chunk(), b"[DONE]"]) == TOKEN | FINISH | USAGE | DONE
+    head, tail, call = cs._shape
+    assert call is None and head.endswith(b'"content":"') and tail.startswith(b'"},"logprobs":null')
+    assert cs.content == "a" + "".join(f" w{i}" for i in range(31))
+    assert cs.token_chunks == 32 and cs.chunks == 36 and cs.first_token_payload == first
+    # a chunk of that shape whose text is not one JSON string: parsed, so a malformed event here
+    assert cs.add_many([head + b'x"y' + tail, head + b'ok' + tail]) == BAD_JSON | TOKEN
+    assert cs.bad_json == 1 and cs.content.endswith(" w30ok")
+    # ... and another key next to the text: parsed, so taken as any chunk with that delta
+    assert cs.add_many([head + b'x","y":"' + tail]) == TOKEN and cs.content.endswith("okx")

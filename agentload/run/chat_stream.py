@@ -80,6 +80,7 @@ BAD_JSON = 32
 
 _ERROR_MAX = 300  # characters kept in ChatStream.error
 BAD_SAMPLE = 120  # bytes of the first malformed payload kept in ChatStream.first_bad
+_MAX_SHAPES = 4  # token-chunk shapes learned per stream (a server whose every chunk differs: the parsed path)
 
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
@@ -134,6 +135,8 @@ class ChatStream:
         "_content",
         "_calls",
         "_last_index",
+        "_shape",
+        "_learned",
     )
 
     def __init__(self) -> None:
@@ -157,6 +160,10 @@ class ChatStream:
         # index -> [id, type, name, [argument fragments]]
         self._calls: dict[int, list] = {}
         self._last_index: int | None = None
+        # The stream's usual token chunk as bytes around its one changing string (see `_learn`):
+        # (head, tail, where the string goes: None for content, else a tool call's index), or None.
+        self._shape: tuple[bytes, bytes, int | None] | None = None
+        self._learned = 0  # shapes learned so far (at most _MAX_SHAPES per stream)
 
     def __repr__(self) -> str:
         return (
@@ -175,88 +182,192 @@ class ChatStream:
     def add_many(self, payloads: Iterable[bytes]) -> int:
         """Add SSE data payloads, in stream order (the events of one read); return the bitmask of
         what any of them carried (`add`'s flags, or-ed). Each payload is taken exactly as by `add`
-        (which is this with one payload): one loop here instead of a call per event."""
+        (which is this with one payload).
+
+        A stream's token chunks differ from one another only in their text (the same id, model,
+        created, index and nulls around it), so once a chunk has been parsed and its shape learned
+        (`_learn`), a payload that is byte for byte that shape around one JSON string is a chunk of
+        that shape carrying that string: it is not parsed as an object. The strings of a read's
+        such chunks are decoded together by one `orjson.loads` of an array, which also validates
+        each of them (see `_add_shaped`); anything else, or a batch that does not decode to
+        exactly one string per chunk, goes through `_add_one`: every chunk is still checked."""
         out = 0
-        n = 0
-        tokens = 0
-        append = self._content.append
+        shaped: list[bytes] | None = None
+        shape = self._shape
         for payload in payloads:
-            n += 1
-            if payload == b"[DONE]":
+            if (shape is not None and payload.startswith(shape[0]) and payload.endswith(shape[1])
+                    and len(payload) >= len(shape[0]) + len(shape[1])):
+                if shaped is None:
+                    shaped = [payload]
+                else:
+                    shaped.append(payload)
+                continue
+            if shaped:
+                out |= self._add_shaped(shaped, shape)  # type: ignore[arg-type]
+                shaped = None
+            out |= self._add_one(payload)
+            shape = self._shape
+        if shaped:
+            out |= self._add_shaped(shaped, shape)  # type: ignore[arg-type]
+        return out
+
+    def _add_shaped(self, payloads: list[bytes], shape: tuple[bytes, bytes, int | None]) -> int:
+        """Payloads that are `shape`'s head, then the bytes of one JSON string's contents, then its
+        tail. The contents are decoded as one array, `["c1",\n"c2",...]`: a raw line break may not
+        occur inside a JSON string, so no string can run from one payload's part into the next, and
+        the array has exactly one element per payload only if each part is exactly one string's
+        contents (so each payload is the learned chunk with another string in it). Otherwise each
+        payload is taken on its own (`_add_one`), as if there were no shape."""
+        head, tail, call = shape
+        a, b = len(head), len(tail)
+        try:
+            texts = _loads(b'["' + b'",\n"'.join([p[a:len(p) - b] for p in payloads]) + b'"]')
+        except _JSONDecodeError:
+            texts = None
+        n = len(payloads)
+        if texts is None or len(texts) != n:
+            out = 0
+            for p in payloads:
+                out |= self._add_one(p)
+            return out
+        self.chunks += n
+        if call is not None:
+            self._last_index = call
+        tokens = n - texts.count("")
+        if not tokens:
+            return 0
+        if call is None:
+            self._content.extend(texts)
+        else:
+            self._calls[call][3].extend(texts)
+        if self.token_chunks == 0 and self.first_token_payload is None:
+            self.first_token_payload = payloads[texts.index(next(t for t in texts if t))]
+        self.token_chunks += tokens
+        return TOKEN
+
+    def _learn(self, payload: bytes, obj: dict, text: str, call: int | None) -> None:
+        """`payload` (parsed: `obj`) was a token chunk whose one output string is `text` (content,
+        or the arguments of tool call `call`). Keep the bytes around that string as the stream's
+        shape, if substituting another string there gives back the same object otherwise."""
+        self._learned += 1
+        key = b'"content":' if call is None else b'"arguments":'
+        lit = orjson.dumps(text)
+        at = payload.find(key + lit)
+        if at < 0:
+            return
+        a = at + len(key) + 1  # just past the string's opening quote
+        head, tail = payload[:a], payload[a + len(lit) - 2:]
+        try:
+            probe = _loads(head + b"x" + tail)
+            leaf = probe["choices"][0]["delta"]
+            if call is not None:
+                leaf = leaf["tool_calls"][0]["function"]
+            if leaf.get("content" if call is None else "arguments") != "x":
+                return
+            leaf["content" if call is None else "arguments"] = text
+        except (_JSONDecodeError, LookupError, TypeError, AttributeError):
+            return
+        if probe == obj:
+            self._shape = (head, tail, call)
+
+    def _add_one(self, payload: bytes) -> int:
+        """One payload, parsed and looked at field by field (learns the stream's shape from a
+        plain token chunk)."""
+        if payload == b"[DONE]":
+            self.done = True
+            self.dones += 1
+            self.chunks += 1
+            return DONE
+        self.chunks += 1
+        try:
+            obj = _loads(payload)
+        except _JSONDecodeError:
+            if payload.strip() == b"[DONE]":
                 self.done = True
                 self.dones += 1
-                out |= DONE
-                continue
-            try:
-                obj = _loads(payload)
-            except _JSONDecodeError:
-                if payload.strip() == b"[DONE]":
-                    self.done = True
-                    self.dones += 1
-                    out |= DONE
-                else:
-                    out |= self._bad(payload)
-                continue
-            if type(obj) is not dict:
-                out |= self._bad(payload)
-                continue
+                return DONE
+            return self._bad(payload)
+        if type(obj) is not dict:
+            return self._bad(payload)
 
-            flags = 0
-            choices = obj.get("choices")
-            if choices:
-                if self.id is None:
-                    self.id = obj.get("id")
-                    self.model = obj.get("model")
-                    self.fingerprint = obj.get("system_fingerprint")
-                try:  # zero-cost unless a field has the wrong type (a str delta, choices: 5, ...)
-                    for ch in choices:
-                        if type(ch) is not dict or ch.get("index"):
-                            continue  # only choice 0
-                        delta = ch.get("delta")
-                        if delta:
-                            c = delta.get("content")
-                            if c and type(c) is str:
-                                append(c)
+        flags = 0
+        choices = obj.get("choices")
+        if choices:
+            if self.id is None:
+                self.id = obj.get("id")
+                self.model = obj.get("model")
+                self.fingerprint = obj.get("system_fingerprint")
+            try:  # zero-cost unless a field has the wrong type (a str delta, choices: 5, ...)
+                for ch in choices:
+                    if type(ch) is not dict or ch.get("index"):
+                        continue  # only choice 0
+                    delta = ch.get("delta")
+                    if delta:
+                        c = delta.get("content")
+                        if c and type(c) is str:
+                            self._content.append(c)
+                            flags = TOKEN
+                        if c is None or len(delta) > 1:  # ({"content": ...} alone, the usual delta, has no more)
+                            r = delta.get("reasoning_content") or delta.get("reasoning")
+                            if r and type(r) is str:  # output (progress), never sent back: not kept
                                 flags = TOKEN
-                            if c is None or len(delta) > 1:  # ({"content": ...} alone, the usual delta, has no more)
-                                r = delta.get("reasoning_content") or delta.get("reasoning")
-                                if r and type(r) is str:  # output (progress), never sent back: not kept
-                                    flags = TOKEN
-                                tc = delta.get("tool_calls")
-                                if tc and self._add_tool_calls(tc):
-                                    flags = TOKEN
+                            tc = delta.get("tool_calls")
+                            if tc and self._add_tool_calls(tc):
+                                flags = TOKEN
                         fr = ch.get("finish_reason")
                         if fr:
                             if type(fr) is not str:
                                 raise TypeError("finish_reason")
                             self.finish_reason = fr
                             flags |= FINISH
-                except (AttributeError, TypeError):
-                    flags |= self._bad(payload)
-            else:
-                self.no_choices += 1
-                if self.id is None and "id" in obj:
-                    self.id = obj.get("id")
-                    self.fingerprint = obj.get("system_fingerprint")
-                    self.model = obj.get("model")
-                err = obj.get("error")
-                if err or obj.get("object") == "error":
-                    flags |= self._set_error(_error_text(err, obj))
-            u = obj.get("usage")
-            if u:
-                if type(u) is dict:
-                    self.usage = u
-                    flags |= USAGE
-                else:  # "usage": "n/a": never kept (readers rely on a dict or None)
-                    flags |= self._bad(payload)
-            if flags & TOKEN:
-                tokens += 1
-                if tokens == 1 and self.first_token_payload is None:
-                    self.first_token_payload = payload
-            out |= flags
-        self.chunks += n
-        self.token_chunks += tokens
-        return out
+                        elif (flags and self._learned < _MAX_SHAPES and len(choices) == 1 and len(delta) == 1
+                              and not obj.get("usage")):
+                            if c:
+                                self._learn(payload, obj, c, None)
+                            elif tc and len(tc) == 1:
+                                self._learn_call(payload, obj, tc[0])
+                    else:
+                        fr = ch.get("finish_reason")
+                        if fr:
+                            if type(fr) is not str:
+                                raise TypeError("finish_reason")
+                            self.finish_reason = fr
+                            flags |= FINISH
+            except (AttributeError, TypeError):
+                flags |= self._bad(payload)
+        else:
+            self.no_choices += 1
+            if self.id is None and "id" in obj:
+                self.id = obj.get("id")
+                self.fingerprint = obj.get("system_fingerprint")
+                self.model = obj.get("model")
+            err = obj.get("error")
+            if err or obj.get("object") == "error":
+                flags |= self._set_error(_error_text(err, obj))
+        u = obj.get("usage")
+        if u:
+            if type(u) is dict:
+                self.usage = u
+                flags |= USAGE
+            else:  # "usage": "n/a": never kept (readers rely on a dict or None)
+                flags |= self._bad(payload)
+        if flags & TOKEN:
+            self.token_chunks += 1
+            if self.token_chunks == 1 and self.first_token_payload is None:
+                self.first_token_payload = payload
+        return flags
+
+    def _learn_call(self, payload: bytes, obj: dict, frag: Any) -> None:
+        """A chunk that was one tool call's arguments fragment and nothing else: its shape."""
+        if type(frag) is not dict or set(frag) - {"index", "function"}:
+            return
+        fn = frag.get("function")
+        idx = frag.get("index")
+        if type(idx) is not int or type(fn) is not dict or set(fn) != {"arguments"}:
+            return
+        args = fn["arguments"]
+        if type(args) is str and args and idx in self._calls:
+            self._learn(payload, obj, args, idx)
 
     def add_error_event(self, payload: bytes) -> int:
         """Add the payload of an SSE ``event: error``: always reports ERROR.
