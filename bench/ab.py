@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--interval-ms", type=float, default=5.0)
     a = ap.parse_args(argv)
-    names = [n for n in a.only.split(",") if n] or list(ABLATIONS) + ["all"]
+    names = [n for n in a.only.split(",") if n] or [n for n in ABLATIONS if not n.startswith("probe-")] + ["all"]
     srv_cpu, cli_cpu = cpus()
     print(f"machine: {machine()}")
     if a.scale:

@@ -116,16 +116,66 @@ def _gc() -> None:
     runner.gc_for_run = lambda: (lambda: None)
 
 
+def _shape() -> None:
+    """Every chunk parsed as an object (no learned token-chunk shapes in ChatStream)."""
+    import agentload.run.chat_stream as cs
+
+    cs._MAX_SHAPES = 0
+
+
 ABLATIONS: dict[str, Callable[[], None]] = {
     "sink": _sink, "idle": _idle, "ssefast": _ssefast, "ua": _ua, "convbuf": _convbuf, "sleep": _sleep, "gc": _gc,
+    "shape": _shape,
 }
+
+
+# Probes, not changes: a part of agentload's per-request work replaced by (almost) nothing, to
+# measure what it costs in a real run (`python -m bench.ab --only probe-text`). A run with a probe
+# is not a valid run of agentload; its figures are only that part's price.
+
+def _probe_text() -> None:
+    """Synthetic text: one fixed string of the right length (no random draw)."""
+    import agentload.run.conversation as conv
+
+    conv.synthetic_text = lambda rng, tokens: ("abc " * tokens)[:-1] if tokens > 0 else ""
+
+
+def _probe_interval_log() -> None:
+    """The interval log's histograms: nothing recorded."""
+    from agentload.records.interval_log import IntervalLog
+
+    IntervalLog.add = lambda self, rec: None
+
+
+def _probe_record_write() -> None:
+    """Records serialised but not written (no write(2))."""
+    import orjson
+
+    from agentload.records.record import RecordWriter
+
+    def write(self, rec) -> None:
+        orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
+        self.count += 1
+
+    RecordWriter.write = write
+
+
+def _probe_request_id() -> None:
+    """The request id header's value: the readable id itself (no SHA-1 UUID)."""
+    import agentload.run.agent as agent
+
+    agent.sent_request_id = lambda readable, fmt="uuid": readable
+
+
+ABLATIONS.update({"probe-text": _probe_text, "probe-interval-log": _probe_interval_log,
+                  "probe-record-write": _probe_record_write, "probe-request-id": _probe_request_id})
 
 
 def ablate(names: list[str]) -> None:
     for name in names:
         if name == "all":
             for k, fn in ABLATIONS.items():
-                if k != "idle":  # "sink" already undoes the idle timer
+                if k != "idle" and not k.startswith("probe-"):  # "sink" already undoes the idle timer
                     fn()
             continue
         if name not in ABLATIONS:

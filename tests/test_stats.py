@@ -65,3 +65,22 @@ def test_a_short_run_has_no_bands():
     for rnd in range(1, 21):
         run.ok(0, rnd)
     assert "round_bands" not in build_summary(run.data())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.integers(-10, 10**7), st.integers(0, 2**62), st.sampled_from([0, 999, 1000, 1001, 2**53])),
+                max_size=300))
+def test_recording_many_at_once_is_recording_each(values):
+    """The interval log records a whole interval in one numpy pass: the same counts, total, min and
+    max as hdrh's own record_value for each value (and so the same encoded interval)."""
+    import numpy as np
+
+    from agentload.records.histograms import new_histogram, record_many_ns, record_ns
+
+    one, many = new_histogram(), new_histogram()
+    for v in values:
+        record_ns(one, v)
+    record_many_ns(many, np.array(values, dtype=np.int64))
+    assert list(one.counts) == list(many.counts)
+    assert (one.total_count, one.min_value, one.max_value) == (many.total_count, many.min_value, many.max_value)
+    assert one.encode() == many.encode()

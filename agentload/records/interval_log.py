@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from array import array
 from pathlib import Path
+
+import numpy as np
 
 from hdrh.log import HistogramLogWriter
 
 from agentload.records import Record
-from agentload.records.histograms import clamp_us, new_histogram
+from agentload.records.histograms import new_histogram, record_many_ns
 
 _now = time.perf_counter_ns
 
@@ -41,6 +44,9 @@ class IntervalLog:
         self.w.output_legend()
         self.f.flush()
         self.hists = {t: new_histogram() for t in TAGS}
+        # the interval's durations (ns), put into the histograms at its end in one numpy pass each:
+        # 16 bytes a request here instead of two pure-Python hdrh calls per request
+        self.pending = {t: array("q") for t in TAGS}
         self.interval_start = t0_ns
         self.intervals = 0
 
@@ -54,10 +60,10 @@ class IntervalLog:
             return
         end = t.get("end")
         if end is not None:
-            self.hists["e2e"].record_value(clamp_us(end - origin))
+            self.pending["e2e"].append(end - origin)
         ft = t.get("first_token")
         if ft is not None:
-            self.hists["ttft"].record_value(clamp_us(ft - origin))
+            self.pending["ttft"].append(ft - origin)
 
     def flush(self, now_ns: int | None = None) -> None:
         now = now_ns if now_ns is not None else _now()
@@ -65,6 +71,9 @@ class IntervalLog:
         end_ms = max(start_ms + 0.001, (now - self.t0_ns) / 1e6)
         for tag in TAGS:
             h = self.hists[tag]
+            pending = self.pending[tag]
+            record_many_ns(h, np.frombuffer(pending, dtype=np.int64).copy())
+            del pending[:]
             h.set_start_time_stamp(start_ms)
             h.set_end_time_stamp(end_ms)
             self.f.write(f"Tag={tag},")
