@@ -147,19 +147,6 @@ def _probe_interval_log() -> None:
     IntervalLog.add = lambda self, rec: None
 
 
-def _probe_record_write() -> None:
-    """Records serialised but not written (no write(2))."""
-    import orjson
-
-    from agentload.records.record import RecordWriter
-
-    def write(self, rec) -> None:
-        orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
-        self.count += 1
-
-    RecordWriter.write = write
-
-
 def _probe_request_id() -> None:
     """The request id header's value: the readable id itself (no SHA-1 UUID)."""
     import agentload.run.agent as agent
@@ -168,7 +155,7 @@ def _probe_request_id() -> None:
 
 
 ABLATIONS.update({"probe-text": _probe_text, "probe-interval-log": _probe_interval_log,
-                  "probe-record-write": _probe_record_write, "probe-request-id": _probe_request_id})
+                  "probe-request-id": _probe_request_id})
 
 
 def ablate(names: list[str]) -> None:

@@ -37,11 +37,33 @@ def agent_rng(seed: int, agent: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(agent,)))
 
 
+# Short texts (a user turn, a tool call's arguments) are windows of one fixed table of random words
+# (the same in every process): one scalar draw from the agent's stream picks the window, where a
+# batch draw per text cost 2 us of numpy calls twice a round. Longer texts (system prompts, tool
+# results) are drawn word by word, so that two agents never share a long prefix by chance.
+_SHORT_MAX = 64
+_TABLE_WORDS = 1 << 18  # 1 MB of words
+_table: bytes | None = None
+
+
+def _word_table() -> bytes:
+    global _table
+    if _table is None:
+        u = np.random.default_rng(0x5EED_7E47).random(_TABLE_WORDS)
+        u *= _N_WORDS
+        _table = _WORD_CELLS[u.astype(np.intp)].tobytes()
+    return _table
+
+
 def synthetic_text(rng: np.random.Generator, tokens: int) -> str:
-    """Text of exactly `tokens` tokens by tokens.py's rule (4-byte words, no trailing space),
-    drawn in one batch: a few us for 300 words, where random.choices took 24."""
+    """Text of exactly `tokens` tokens by tokens.py's rule (4-byte words, no trailing space): a
+    window of the word table (up to _SHORT_MAX words), else drawn in one batch (a few us for 300
+    words, where random.choices took 24)."""
     if tokens <= 0:
         return ""
+    if tokens <= _SHORT_MAX:
+        at = int(rng.random() * (_TABLE_WORDS - tokens + 1)) * 4
+        return (_table or _word_table())[at:at + 4 * tokens - 1].decode("ascii")
     # floor(u * 420) of a 53-bit u: uniform over the words to 1e-13
     u = rng.random(tokens)
     u *= _N_WORDS  # in place: one array fewer
