@@ -245,30 +245,23 @@ class ChatStream:
         self.token_chunks += tokens
         return TOKEN
 
-    def _learn(self, payload: bytes, obj: dict, text: str, call: int | None) -> None:
-        """`payload` (parsed: `obj`) was a token chunk whose one output string is `text` (content,
-        or the arguments of tool call `call`). Keep the bytes around that string as the stream's
-        shape, if substituting another string there gives back the same object otherwise."""
+    def _learn(self, payload: bytes, text: str, call: int | None) -> None:
+        """`payload` was a token chunk whose one output string is `text` (content, or the arguments
+        of tool call `call`). Keep the bytes around that string as the stream's shape when they
+        can only be that: the key (`"content":`, `"arguments":`) occurs once in the payload, right
+        before the string as orjson writes it. (Quotes inside a JSON string are escaped, so those
+        bytes are the object's own key; another spelling of the same text, `\\u00e9` for an accent,
+        learns nothing and the stream's chunks are parsed.)"""
         self._learned += 1
         key = b'"content":' if call is None else b'"arguments":'
+        if payload.count(key) != 1:
+            return
         lit = orjson.dumps(text)
         at = payload.find(key + lit)
         if at < 0:
             return
         a = at + len(key) + 1  # just past the string's opening quote
-        head, tail = payload[:a], payload[a + len(lit) - 2:]
-        try:
-            probe = _loads(head + b"x" + tail)
-            leaf = probe["choices"][0]["delta"]
-            if call is not None:
-                leaf = leaf["tool_calls"][0]["function"]
-            if leaf.get("content" if call is None else "arguments") != "x":
-                return
-            leaf["content" if call is None else "arguments"] = text
-        except (_JSONDecodeError, LookupError, TypeError, AttributeError):
-            return
-        if probe == obj:
-            self._shape = (head, tail, call)
+        self._shape = (payload[:a], payload[a + len(lit) - 2:], call)
 
     def _add_one(self, payload: bytes) -> int:
         """One payload, parsed and looked at field by field (learns the stream's shape from a
@@ -323,9 +316,9 @@ class ChatStream:
                         elif (flags and self._learned < _MAX_SHAPES and len(choices) == 1 and len(delta) == 1
                               and not obj.get("usage")):
                             if c:
-                                self._learn(payload, obj, c, None)
+                                self._learn(payload, c, None)
                             elif tc and len(tc) == 1:
-                                self._learn_call(payload, obj, tc[0])
+                                self._learn_call(payload, tc[0])
                     else:
                         fr = ch.get("finish_reason")
                         if fr:
@@ -357,7 +350,7 @@ class ChatStream:
                 self.first_token_payload = payload
         return flags
 
-    def _learn_call(self, payload: bytes, obj: dict, frag: Any) -> None:
+    def _learn_call(self, payload: bytes, frag: Any) -> None:
         """A chunk that was one tool call's arguments fragment and nothing else: its shape."""
         if type(frag) is not dict or set(frag) - {"index", "function"}:
             return
@@ -367,7 +360,7 @@ class ChatStream:
             return
         args = fn["arguments"]
         if type(args) is str and args and idx in self._calls:
-            self._learn(payload, obj, args, idx)
+            self._learn(payload, args, idx)
 
     def add_error_event(self, payload: bytes) -> int:
         """Add the payload of an SSE ``event: error``: always reports ERROR.
