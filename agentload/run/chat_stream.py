@@ -194,9 +194,9 @@ class ChatStream:
         out = 0
         shaped: list[bytes] | None = None
         shape = self._shape
+        head, tail, least = (shape[0], shape[1], len(shape[0]) + len(shape[1])) if shape else (None, b"", 0)
         for payload in payloads:
-            if (shape is not None and payload.startswith(shape[0]) and payload.endswith(shape[1])
-                    and len(payload) >= len(shape[0]) + len(shape[1])):
+            if head is not None and payload.startswith(head) and payload.endswith(tail) and len(payload) >= least:
                 if shaped is None:
                     shaped = [payload]
                 else:
@@ -206,7 +206,9 @@ class ChatStream:
                 out |= self._add_shaped(shaped, shape)  # type: ignore[arg-type]
                 shaped = None
             out |= self._add_one(payload)
-            shape = self._shape
+            if self._shape is not shape:
+                shape = self._shape
+                head, tail, least = shape[0], shape[1], len(shape[0]) + len(shape[1])  # type: ignore[index]
         if shaped:
             out |= self._add_shaped(shaped, shape)  # type: ignore[arg-type]
         return out
