@@ -154,7 +154,22 @@ def _probe_request_id() -> None:
     agent.sent_request_id = lambda readable, fmt="uuid": readable
 
 
-ABLATIONS.update({"probe-text": _probe_text, "probe-interval-log": _probe_interval_log,
+def _probe_trace() -> None:
+    """aiohttp's trace signals: none (no pool, connect, sent or headers stamps; the session keeps
+    its trace configs in `_trace_configs`)."""
+    from agentload.run.transport import Transport
+
+    orig = Transport._new_session
+
+    def new_session(self, force_close=None, limit=None):
+        s = orig(self, force_close, limit)
+        s._trace_configs = []
+        return s
+
+    Transport._new_session = new_session
+
+
+ABLATIONS.update({"probe-trace": _probe_trace, "probe-text": _probe_text, "probe-interval-log": _probe_interval_log,
                   "probe-request-id": _probe_request_id})
 
 

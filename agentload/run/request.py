@@ -234,7 +234,7 @@ class SSEBody:
                     payloads = (data[6:end],)
                 else:
                     payloads = data[6:end].split(b"\n\ndata: ")
-                    if b"\n" in b"".join(payloads):  # a line break outside an event boundary: not one-line events
+                    if data.count(b"\n", 6, end) != 2 * len(payloads) - 2:  # a line break inside an event: not one-line events
                         payloads = ()
                 if payloads:
                     cs = self.cs
