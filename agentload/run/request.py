@@ -41,6 +41,7 @@ from agentload.run.body_sink import read_body
 from agentload.run.chat_stream import TOKEN, ChatStream
 from agentload.records import Trace
 from agentload.run.sse import COMMENT, DATA, SSEDecoder
+from agentload.run.transport import current_trace
 
 _now = time.perf_counter_ns
 _ERROR_BODY_LIMIT = 300
@@ -320,10 +321,13 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, trace: Tra
     if extra_headers:
         headers.update(extra_headers)
     t["start"] = _now()
+    current_trace.set(trace)  # for the session's traced connector and request (this task's context only)
     async with session.post(url, data=body, headers=headers, trace_request_ctx=trace) as resp:
         status = resp.status
-        if "headers" not in t:  # stamped by the on_request_end hook; defensive for other seams
+        if "headers" not in t:  # (stamped by the on_request_end signal where TraceConfig stamps)
             t["headers"] = _now()
+        if "sent" not in t:  # a request without a body, or headers before its body was through
+            t["sent"] = t["headers"]
         if status >= 400:
             raw = await resp.read()
             t["end"] = _now()

@@ -4,6 +4,14 @@ Every limit and timeout comes from the scenario; nothing falls back to aiohttp's
 (its `ClientTimeout(total=300)` would kill long streams). Hooks stamp
 `time.perf_counter_ns()` into the request's Trace and do nothing else.
 
+The hooks are the session's own classes: a connector that stamps the pool wait (`queued_start`,
+`queued_end`), a new connection (`conn_start`, `conn_end`, `reused`), and a request that stamps
+`sent` once its body is handed to the socket; they find the request's Trace in `current_trace`,
+which `request.send` sets in the request's task (aiohttp's body-writing task inherits it). aiohttp's
+TraceConfig signals give the same stamps, but cost three coroutines and a parameters object per
+signal, five signals a request, whether anyone listens or not; they remain the fallback for an
+aiohttp whose connector or request lacks the methods overridden here (`check_trace_hooks`).
+
 Two things read aiohttp's private internals (pyproject pins the aiohttp minors they were tested
 with): the body read path (`body_sink`) and the pool's state (`pool_state`: the connector's
 `_acquired`, `_conns`, `_waiters`). Both are checked once per process, when the first Transport
@@ -14,10 +22,12 @@ left out of `pool_state()` (listed under `unknown`) instead of read as 0.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
+from contextvars import ContextVar
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 
@@ -71,7 +81,8 @@ def check_pool_hooks(connector: Any) -> list[str]:
                 unknown.append(field)
         _pool_unknown = unknown
         if unknown:
-            names = ", ".join(f"{type(connector).__name__}.{_POOL_HOOKS[f][0]}" for f in unknown)
+            base = next(c for c in type(connector).__mro__ if c.__module__.startswith("aiohttp"))  # (not ours)
+            names = ", ".join(f"{base.__name__}.{_POOL_HOOKS[f][0]}" for f in unknown)
             _warn_once("pool", f"missing or reshaped {names}: the pool's {'/'.join(unknown)} are unknown "
                                "(left out of samples, live view and dumps)")
     return _pool_unknown
@@ -149,6 +160,84 @@ def make_trace_config() -> aiohttp.TraceConfig:
     return tc
 
 
+# The Trace of the request the running task is sending (None: a request sent without one).
+current_trace: ContextVar[Trace | None] = ContextVar("agentload_trace", default=None)
+
+
+class _TracedConnector(aiohttp.TCPConnector):
+    """aiohttp's TCP connector, stamping the current request's Trace (see the module docstring).
+    `on_open(trace)`: a connection was opened for that request."""
+
+    on_open: Callable[[Trace | None], None] | None = None
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+        conn = await super().connect(req, traces, timeout)
+        tr = current_trace.get()
+        if tr is not None and tr.reused is None:  # not a new connection: one from the pool
+            tr.reused = True
+        return conn
+
+    async def _wait_for_available_connection(self, key: Any, traces: Any) -> None:
+        # called only when the pool is full; the whole wait, also when aiohttp queues it again
+        tr = current_trace.get()
+        if tr is not None:
+            tr.t["queued_start"] = _now()
+        await super()._wait_for_available_connection(key, traces)
+        if tr is not None:
+            tr.t["queued_end"] = _now()
+
+    async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
+        tr = current_trace.get()
+        if tr is not None:
+            tr.t["conn_start"] = _now()
+            tr.reused = False
+        proto = await super()._create_connection(req, traces, timeout)
+        if tr is not None:
+            tr.t["conn_end"] = _now()
+        if self.on_open is not None:
+            self.on_open(tr)
+        return proto
+
+
+class _TracedRequest(aiohttp.ClientRequest):
+    """aiohttp's request, stamping `sent` when its body has been handed to the socket (the task
+    that writes it runs in a copy of the sending task's context, so it sees `current_trace`)."""
+
+    async def write_bytes(self, *args: Any, **kwargs: Any) -> None:
+        await super().write_bytes(*args, **kwargs)
+        tr = current_trace.get()
+        if tr is not None and "sent" not in tr.t:
+            tr.t["sent"] = _now()
+
+
+# The methods _TracedConnector and _TracedRequest override, with the parameters they pass on.
+_TRACE_HOOKS = {(aiohttp.TCPConnector, "connect"): ("req", "traces", "timeout"),
+                (aiohttp.TCPConnector, "_wait_for_available_connection"): ("key", "traces"),
+                (aiohttp.TCPConnector, "_create_connection"): ("req", "traces", "timeout"),
+                (aiohttp.ClientRequest, "write_bytes"): None}
+_trace_hooks_ok: bool | None = None  # None: not checked yet in this process
+
+
+def check_trace_hooks() -> bool:
+    """The connector and request methods the traced classes override are there, with the same
+    parameters (else: one warning, and aiohttp's TraceConfig signals stamp the same phases)."""
+    global _trace_hooks_ok
+    if _trace_hooks_ok is None:
+        missing = []
+        for (cls, name), params in _TRACE_HOOKS.items():
+            fn = getattr(cls, name, None)
+            ok = inspect.iscoroutinefunction(fn)
+            if ok and params is not None:
+                ok = tuple(inspect.signature(fn).parameters)[1:] == params
+            if not ok:
+                missing.append(f"{cls.__name__}.{name}({', '.join(params or ())})")
+        _trace_hooks_ok = not missing
+        if missing:
+            _warn_once("trace", f"missing or reshaped {', '.join(missing)}: phases stamped by TraceConfig "
+                                "signals instead (the same stamps, more CPU per request)")
+    return _trace_hooks_ok
+
+
 def client_timeout(cfg: ClientConfig) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(
         total=cfg.total_timeout_s,
@@ -191,22 +280,40 @@ class Transport:
         self.cfg = client
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.headers = request_headers(target)
-        self._trace_config = make_trace_config()
         self._shared: aiohttp.ClientSession | None = None
         self._per_agent: dict[int, aiohttp.ClientSession] = {}
         self.connections_opened = 0
-        self._trace_config.on_connection_create_end.append(self._count_open)
+        self.traced_classes = check_trace_hooks()  # once per process: else one warning and TraceConfig
+        self._trace_configs: list[aiohttp.TraceConfig] = []
+        if not self.traced_classes:
+            tc = make_trace_config()
+            tc.on_connection_create_end.append(self._count_open_signal)
+            self._trace_configs.append(tc)
         check_read_path()  # once per process: one warning and readany() if aiohttp lacks a hook
 
-    async def _count_open(self, session: Any, ctx: SimpleNamespace, params: Any) -> None:
-        tr = _trace_of(ctx)
+    def _count_open(self, tr: Trace | None) -> None:
         if tr is None or tr.kind == "agent":  # canaries have their own pool, kept out of the counts
             self.connections_opened += 1
+
+    async def _count_open_signal(self, session: Any, ctx: SimpleNamespace, params: Any) -> None:
+        self._count_open(_trace_of(ctx))
+
+    def _connector(self, **kwargs: Any) -> aiohttp.TCPConnector:
+        if not self.traced_classes:
+            return aiohttp.TCPConnector(**kwargs)
+        connector = _TracedConnector(**kwargs)
+        connector.on_open = self._count_open
+        return connector
+
+    def _session(self, connector: aiohttp.TCPConnector, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+        extra: dict[str, Any] = {"request_class": _TracedRequest} if self.traced_classes else {}
+        return aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=self._trace_configs,
+                                     headers=self.headers, auto_decompress=False, **extra)
 
     def _new_session(self, force_close: bool | None = None, limit: int | None = None) -> aiohttp.ClientSession:
         c = self.cfg
         fc = c.force_close if force_close is None else force_close
-        connector = aiohttp.TCPConnector(
+        connector = self._connector(
             limit=c.limit if limit is None else limit,
             limit_per_host=c.limit_per_host,
             force_close=fc,
@@ -215,13 +322,7 @@ class Transport:
             enable_cleanup_closed=False,
         )
         check_pool_hooks(connector)
-        return aiohttp.ClientSession(
-            connector=connector,
-            timeout=client_timeout(c),
-            trace_configs=[self._trace_config],
-            headers=self.headers,
-            auto_decompress=False,
-        )
+        return self._session(connector, client_timeout(c))
 
     def session_for(self, agent: int) -> aiohttp.ClientSession:
         if self.cfg.session == "shared":
@@ -241,11 +342,9 @@ class Transport:
     def canary_session(self, timeout_s: float) -> aiohttp.ClientSession:
         """A separate pool that never reuses a connection: canaries must not queue behind agents.
         Its timeouts are the canary's own, so a hung server cannot hold a canary for long."""
-        return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=True),
-            timeout=aiohttp.ClientTimeout(total=timeout_s, connect=timeout_s, sock_connect=timeout_s,
-                                          sock_read=timeout_s),
-            trace_configs=[self._trace_config], headers=self.headers, auto_decompress=False)
+        return self._session(self._connector(limit=0, force_close=True),
+                             aiohttp.ClientTimeout(total=timeout_s, connect=timeout_s, sock_connect=timeout_s,
+                                                   sock_read=timeout_s))
 
     def _connectors(self) -> list[aiohttp.BaseConnector]:
         out = [s.connector for s in ([self._shared] if self._shared else []) if s.connector]
