@@ -470,7 +470,7 @@ def _threshold_evidence(failed: list[Record], fine: SizeCounts, verb: str) -> tu
     if not above_ok and below is not None:
         return (f"every request at or above {lo:,} prompt tokens {verb} ({len(failed)}), none below "
                 f"(largest that completed: {below:,} tokens)"), lo
-    return (f"{verb} prompts {lo:,}-{hi:,} tokens; {above_ok} request(s) of that size or "
+    return (f"{verb} prompts {lo:,}-{hi:,} tokens; {above_ok:,} request(s) of that size or "
             f"larger completed, so size alone does not explain it"), None
 
 
