@@ -2,8 +2,10 @@
 
 It calls the same `execute()` that `agentload run` calls (uvloop, every phase traced, one record
 written per request, watchdog, sampler and stall dumps running), measuring wall and CPU time
-around it; the reports are built after the measured window. With `--workers N` it runs
-`agentload run --workers N`'s code path instead and counts the CPU of the worker processes.
+(the whole process: the sampler's thread too) over its load window, as the baseline does: from the
+first agent's start to the last agent's end (`_load_window`); the run's set-up and teardown and the
+reports are outside it. With `--workers N` it runs `agentload run --workers N`'s code path instead
+and counts the CPU of the worker processes over the whole run.
 
 Writes its result like bench/baseline.py (to the `--result` file, else one line on stdout), plus
 the verdict of the run.
@@ -61,6 +63,28 @@ def _usage() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
+def _load_window() -> dict[str, float]:
+    """The run's load window, as the baseline's: from the first agent's start (its first request)
+    to the end of the last agent (its last completion), CPU and wall clock at each end; the run's
+    set-up before it and its teardown after it (run folder, run.json, sampler, closing files) are
+    left out, as the baseline leaves out making its session. The agents all start at once here."""
+    import agentload.run.runner as runner
+
+    window: dict[str, float] = {}
+    agent = runner.run_agent
+
+    async def timed(*args, **kwargs):
+        if "cpu0" not in window:
+            window["cpu0"], window["t0"] = _usage(), time.perf_counter()
+        try:
+            return await agent(*args, **kwargs)
+        finally:
+            window["cpu1"], window["t1"] = _usage(), time.perf_counter()
+
+    runner.run_agent = timed
+    return window
+
+
 def run(url: str, concurrency: int, rounds: int, out: Path, extra: list[str], workers: int = 1,
         live: bool = False, label: str = "agentload") -> dict:
     from agentload.run.runner import use_uvloop
@@ -77,10 +101,12 @@ def run(url: str, concurrency: int, rounds: int, out: Path, extra: list[str], wo
         from agentload.run.workers import run_workers
 
         run_workers(sc, out, url, workers, embedded_mock=False, install_signals=False)
+        window = {"cpu0": cpu0, "t0": t0, "cpu1": _usage(), "t1": time.perf_counter()}  # (the whole run)
     else:
+        window = _load_window()
         asyncio.run(execute(sc, out, url, embedded_mock=False, install_signals=False))
-    wall = time.perf_counter() - t0
-    cpu = _usage() - cpu0
+    wall = window["t1"] - window["t0"]
+    cpu = window["cpu1"] - window["cpu0"]
     rss_run = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                   resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     data = load_run(out)

@@ -32,6 +32,7 @@ import argparse
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -131,6 +132,17 @@ def client(module: str, args: list[str], cpu: str | None, timeout_s: float, serv
     return res
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Of several runs of one client, the one with the median requests per CPU-second (all its
+    figures from that one run); its `reps_per_core` lists every run's figure."""
+    per_core = [r["requests"] / max(r["cpu_s"], 1e-9) for r in runs]
+    order = sorted(range(len(runs)), key=per_core.__getitem__)
+    best = dict(runs[order[len(order) // 2]])
+    if len(runs) > 1:
+        best["reps_per_core"] = [round(x) for x in per_core]
+    return best
+
+
 def pct(values: list[int], q: float) -> float | None:
     if not values:
         return None
@@ -188,6 +200,16 @@ def _f(v: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
+def paired_ratio(r: Row, b: Row) -> float:
+    """r's requests per CPU-second over the baseline's: with several runs each, the median of the
+    ratios of the runs made one after the other (rep i of both), which a machine's drift over the
+    row moves less than the ratio of two medians."""
+    mine, theirs = r.res.get("reps_per_core"), b.res.get("reps_per_core")
+    if mine and theirs and len(mine) == len(theirs):
+        return statistics.median(x / max(y, 1e-9) for x, y in zip(mine, theirs))
+    return r.rps_core / b.rps_core
+
+
 def render(rows: list[Row]) -> str:
     head = ("mode", "conc", "client", "req/s", "chunks/s", "CPU %", "server CPU %", "req/s/core", "chunks/s/core", "RSS MB",
             "ttft err p50/p99 ms", "ratio/core")
@@ -197,7 +219,7 @@ def render(rows: list[Row]) -> str:
         if r.name == "baseline":
             base[(r.mode, r.concurrency)] = r
         b = base.get((r.mode, r.concurrency))
-        ratio = f"{r.rps_core / b.rps_core:.2f}" if (b is not None and r is not b) else ""
+        ratio = f"{paired_ratio(r, b):.2f}" if (b is not None and r is not b) else ""
         lines.append((r.mode, str(r.concurrency), r.name, f"{r.rps:,.0f}", f"{r.cps:,.0f}", f"{100 * r.cpu:.0f}",
                       f"{100 * r.res.get('server_cpu', 0):.0f}",
                       f"{r.rps_core:,.0f}", f"{r.cps_core:,.0f}", f"{r.res['rss_kb'] / 1024:.0f}",
@@ -235,6 +257,8 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.run", description="agentload vs a raw aiohttp+uvloop loop")
     ap.add_argument("--rounds", type=int, default=40, help="requests per agent / per baseline worker")
+    ap.add_argument("--reps", type=int, default=1,
+                    help="runs of each client per row, alternated; the table shows each client's median run")
     ap.add_argument("--paced", default="8,64,512", help="concurrencies of the paced rows (one write per chunk, 5 ms apart)")
     ap.add_argument("--burst", default="64,512", help="concurrencies of the burst rows (all chunks in one write); '' for none")
     ap.add_argument("--ttft-ms", type=float, default=50.0)
@@ -288,22 +312,26 @@ def main(argv: list[str] | None = None) -> int:
         budget = 120 + 2 * a.rounds * conc * (a.ttft_ms + a.chunks * interval) / 1000.0
         with Server(srv_cpu, a.ttft_ms, a.chunks, interval) as srv:
             common = ["--url", srv.url, "--concurrency", str(conc), "--requests", str(a.rounds)]
+            clients: list[tuple[str, list[str]]] = []
             for name, parse in (("baseline", "json"), ("floor", "none")):
                 if a.only in (None, name):
-                    rows.append(Row(mode, conc, client("bench.baseline", common + ["--body-bytes", str(body), "--parse", parse],
-                                                       cli_cpu, budget, srv)))
-                    print(render(rows[-1:]).splitlines()[-1], flush=True)
+                    clients.append(("bench.baseline", common + ["--body-bytes", str(body), "--parse", parse]))
             if a.only in (None, "agentload"):
-                rows.append(Row(mode, conc, client("bench.agentload_client", common, cli_cpu, budget, srv)))
-                print(render(rows[-1:]).splitlines()[-1], flush=True)
+                clients.append(("bench.agentload_client", common))
             if a.before:
-                rows.append(Row(mode, conc, client("bench.agentload_client", common + ["--ablate", "all"], cli_cpu,
-                                                   budget, srv)))
-                print(render(rows[-1:]).splitlines()[-1], flush=True)
+                clients.append(("bench.agentload_client", common + ["--ablate", "all"]))
             if a.workers > 1:
                 # the workers share the client CPUs (on a 2-core machine: one core, so no speed-up)
-                rows.append(Row(mode, conc, client("bench.agentload_client", common + ["--workers", str(a.workers)],
-                                                   cli_cpu, budget, srv)))
+                clients.append(("bench.agentload_client", common + ["--workers", str(a.workers)]))
+            runs: list[list[dict[str, Any]]] = [[] for _ in clients]
+            for rep in range(a.reps):  # alternated: drift on a shared machine hits every client alike
+                for i, (module, args) in enumerate(clients):
+                    runs[i].append(client(module, args, cli_cpu, budget, srv))
+                    if a.reps > 1:
+                        print(f"  ({rep + 1}/{a.reps}) " + render([Row(mode, conc, runs[i][-1])]).splitlines()[-1],
+                              flush=True)
+            for i in range(len(clients)):
+                rows.append(Row(mode, conc, median_run(runs[i])))
                 print(render(rows[-1:]).splitlines()[-1], flush=True)
     if rows:
         print()
