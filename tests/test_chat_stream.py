@@ -623,3 +623,13 @@ def test_a_learned_shape_skips_parsing_and_a_mismatch_is_parsed():
     assert cs.bad_json == 1 and cs.content.endswith(" w30ok")
     # ... and another key next to the text: parsed, so taken as any chunk with that delta
     assert cs.add_many([head + b'x","y":"' + tail]) == TOKEN and cs.content.endswith("okx")
+
+
+def test_no_shape_is_learned_where_the_key_could_be_another_one():
+    """Another "content" in the chunk (a key elsewhere, the delta's spelt with a space): nothing is
+    learned, every chunk is parsed, and the text is the delta's."""
+    first = b'{"extra":{"content":"x"},"choices":[{"index":0,"delta":{"content" :"x"}}]}'
+    second = b'{"extra":{"content":"y"},"choices":[{"index":0,"delta":{"content" :"x"}}]}'
+    cs = ChatStream()
+    assert cs.add_many([first]) == TOKEN and cs._shape is None
+    assert cs.add_many([second]) == TOKEN and cs.content == "xx"

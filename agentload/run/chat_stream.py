@@ -250,14 +250,15 @@ class ChatStream:
     def _learn(self, payload: bytes, text: str, call: int | None) -> None:
         """`payload` was a token chunk whose one output string is `text` (content, or the arguments
         of tool call `call`). Keep the bytes around that string as the stream's shape when they
-        can only be that: the key (`"content":`, `"arguments":`) occurs once in the payload, right
-        before the string as orjson writes it. (Quotes inside a JSON string are escaped, so those
+        can only be that: the key's name (`"content"`, `"arguments"`) occurs once in the payload,
+        right before a colon and the string as orjson writes it. (Quotes inside a JSON string are escaped, so those
         bytes are the object's own key; another spelling of the same text, `\\u00e9` for an accent,
         learns nothing and the stream's chunks are parsed.)"""
         self._learned += 1
-        key = b'"content":' if call is None else b'"arguments":'
-        if payload.count(key) != 1:
+        name = b'"content"' if call is None else b'"arguments"'
+        if payload.count(name) != 1:  # (also as a string anywhere else, or the key spelt with spaces)
             return
+        key = name + b":"
         lit = orjson.dumps(text)
         at = payload.find(key + lit)
         if at < 0:
