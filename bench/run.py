@@ -69,9 +69,9 @@ def _pinned(cmd: list[str], cpu: str | None) -> list[str]:
     return (["taskset", "-c", cpu] + cmd) if cpu is not None else cmd
 
 
-def _env() -> dict[str, str]:
+def _env(code: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (code, REPO, env.get("PYTHONPATH")) if p)
     return env
 
 
@@ -108,17 +108,19 @@ class Server:
         self.stop()
 
 
-def client(module: str, args: list[str], cpu: str | None, timeout_s: float, server: Server) -> dict[str, Any]:
+def client(module: str, args: list[str], cpu: str | None, timeout_s: float, server: Server,
+           code: Path | None = None) -> dict[str, Any]:
     """Run one benchmark client (bench.baseline or bench.agentload_client) to its end and return
     its result. The result goes through a file (`--result`), read whole after the child exits: at
     512 streams x 40 requests it holds 20,480 timing errors, a few hundred KB, and a line read
-    from a pipe must not be where it gets cut."""
+    from a pipe must not be where it gets cut. `code`: a folder holding another copy of the
+    agentload package, imported instead of this one (the client runs there; bench/ is this one)."""
     with tempfile.TemporaryDirectory(prefix="agentload-bench-result-") as tmp:
         result = Path(tmp) / "result.json"
         cmd = _pinned([sys.executable, "-m", module, *args, "--result", str(result)], cpu)
         s0, t0 = server.cpu_s(), time.perf_counter()
         p = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           env=_env(), cwd=REPO, timeout=timeout_s, check=False)
+                           env=_env(code), cwd=code or REPO, timeout=timeout_s, check=False)
         s1, t1 = server.cpu_s(), time.perf_counter()
         err = p.stderr.decode(errors="replace")[-2000:]
         if p.returncode != 0:
@@ -257,6 +259,9 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.run", description="agentload vs a raw aiohttp+uvloop loop")
     ap.add_argument("--rounds", type=int, default=40, help="requests per agent / per baseline worker")
+    ap.add_argument("--code", type=Path, default=None,
+                    help="also an agentload row run with the agentload package in this folder (e.g. a git archive "
+                         "of an earlier commit: mkdir /tmp/before && git archive REV agentload | tar -x -C /tmp/before)")
     ap.add_argument("--reps", type=int, default=1,
                     help="runs of each client per row, alternated; the table shows each client's median run")
     ap.add_argument("--paced", default="8,64,512", help="concurrencies of the paced rows (one write per chunk, 5 ms apart)")
@@ -323,10 +328,16 @@ def main(argv: list[str] | None = None) -> int:
             if a.workers > 1:
                 # the workers share the client CPUs (on a 2-core machine: one core, so no speed-up)
                 clients.append(("bench.agentload_client", common + ["--workers", str(a.workers)]))
+            codes = [None] * len(clients)
+            if a.code is not None and a.only in (None, "agentload"):
+                clients.append(("bench.agentload_client", common))
+                codes.append(a.code)
             runs: list[list[dict[str, Any]]] = [[] for _ in clients]
             for rep in range(a.reps):  # alternated: drift on a shared machine hits every client alike
                 for i, (module, args) in enumerate(clients):
-                    runs[i].append(client(module, args, cli_cpu, budget, srv))
+                    runs[i].append(client(module, args, cli_cpu, budget, srv, codes[i]))
+                    if codes[i] is not None:
+                        runs[i][-1]["client"] = "agentload (--code)"
                     if a.reps > 1:
                         print(f"  ({rep + 1}/{a.reps}) " + render([Row(mode, conc, runs[i][-1])]).splitlines()[-1],
                               flush=True)
