@@ -298,6 +298,7 @@ class ChatStream:
                     if type(ch) is not dict or ch.get("index"):
                         continue  # only choice 0
                     delta = ch.get("delta")
+                    c = tc = None
                     if delta:
                         c = delta.get("content")
                         if c and type(c) is str:
@@ -310,25 +311,18 @@ class ChatStream:
                             tc = delta.get("tool_calls")
                             if tc and self._add_tool_calls(tc):
                                 flags = TOKEN
-                        fr = ch.get("finish_reason")
-                        if fr:
-                            if type(fr) is not str:
-                                raise TypeError("finish_reason")
-                            self.finish_reason = fr
-                            flags |= FINISH
-                        elif (flags and self._learned < _MAX_SHAPES and len(choices) == 1 and len(delta) == 1
-                              and not obj.get("usage")):
-                            if c:
-                                self._learn(payload, c, None)
-                            elif tc and len(tc) == 1:
-                                self._learn_call(payload, tc[0])
-                    else:
-                        fr = ch.get("finish_reason")
-                        if fr:
-                            if type(fr) is not str:
-                                raise TypeError("finish_reason")
-                            self.finish_reason = fr
-                            flags |= FINISH
+                    fr = ch.get("finish_reason")
+                    if fr:
+                        if type(fr) is not str:
+                            raise TypeError("finish_reason")
+                        self.finish_reason = fr
+                        flags |= FINISH
+                    elif (flags and self._learned < _MAX_SHAPES and len(choices) == 1 and len(delta) == 1
+                          and not obj.get("usage")):  # a plain token chunk: the stream's shape (`_learn`)
+                        if c:
+                            self._learn(payload, c, None)
+                        elif tc and len(tc) == 1:
+                            self._learn_call(payload, tc[0])
             except (AttributeError, TypeError):
                 flags |= self._bad(payload)
         else:
