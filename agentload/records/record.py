@@ -135,12 +135,13 @@ class Record:
                    server_prompt_tokens: int | None = None, output_tokens: int | None = None,
                    finish_reason: str | None = None, tool_calls: int = 0, backend: str | None = None,
                    cached_tokens: int | None = None) -> "Record":
-        return (_build if cls is Record else cls)(RECORD_VERSION, run, tr.kind, tr.agent, tr.round, tr.call, tr.request_id,
-                      tr.messages, tr.prompt_bytes, tr.prompt_tokens, server_prompt_tokens,
-                      output_tokens, status, outcome, error, error_msg, tr.stalled_phase, tr.reused,
-                      finish_reason, tool_calls, tr.chunks, tr.token_chunks, tr.comments,
-                      tr.max_gap, tr.max_gap_at, dict(tr.t), tr.server_first_token_ns, tr.bad_events,
-                      tr.id_sent, backend, cached_tokens, tr.conversation, None)  # (a subclass: its own __init__)
+        build = _build if cls is Record else cls  # (a subclass: its own __init__)
+        return build(RECORD_VERSION, run, tr.kind, tr.agent, tr.round, tr.call, tr.request_id,
+                     tr.messages, tr.prompt_bytes, tr.prompt_tokens, server_prompt_tokens,
+                     output_tokens, status, outcome, error, error_msg, tr.stalled_phase, tr.reused,
+                     finish_reason, tool_calls, tr.chunks, tr.token_chunks, tr.comments,
+                     tr.max_gap, tr.max_gap_at, dict(tr.t), tr.server_first_token_ns, tr.bad_events,
+                     tr.id_sent, backend, cached_tokens, tr.conversation, None)
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
