@@ -222,6 +222,7 @@ async def test_a_connection_that_fails_leaves_the_request_in_connect():
         await tr.close()
     assert "conn_start" in trace.t and "conn_end" not in trace.t and "sent" not in trace.t
     assert trace.reused is False and trace.phase() == "connect"
+    assert transport.current_trace.get() is None  # the task lets go of the trace once the request is over
 
 
 @pytest.fixture

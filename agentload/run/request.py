@@ -321,7 +321,19 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, trace: Tra
     if extra_headers:
         headers.update(extra_headers)
     t["start"] = _now()
-    current_trace.set(trace)  # for the session's traced connector and request (this task's context only)
+    # for the session's traced connector and request (this task's context only); let go after, so a
+    # thinking agent does not keep its last request's trace alive
+    token = current_trace.set(trace)
+    try:
+        return await _exchange(session, url, body, trace, headers, stream, id_header)
+    finally:
+        current_trace.reset(token)
+
+
+async def _exchange(session: aiohttp.ClientSession, url: str, body: bytes, trace: Trace, headers: dict[str, str],
+                    stream: bool | None, id_header: str | None) -> Result:
+    """`send`'s request and response, read to the end."""
+    t = trace.t
     async with session.post(url, data=body, headers=headers, trace_request_ctx=trace) as resp:
         status = resp.status
         if "headers" not in t:  # (stamped by the on_request_end signal where TraceConfig stamps)
