@@ -225,6 +225,30 @@ async def test_a_connection_that_fails_leaves_the_request_in_connect():
     assert transport.current_trace.get() is None  # the task lets go of the trace once the request is over
 
 
+async def test_a_body_write_that_failed_is_not_sent(monkeypatch):
+    """The socket refuses the body (the error a write to a reset connection gives, injected into
+    aiohttp's body write against the real mock). aiohttp does not raise a failed write: it leaves
+    it on the connection and returns, so `sent` must not be stamped from that return: the request
+    failed in `send`, which is not the server's phase."""
+    from aiohttp.payload import BytesPayload
+
+    async def refused(self, writer, content_length=None):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    monkeypatch.setattr(BytesPayload, "write_with_length", refused)
+    with MockProcess.start(MockConfig(base_latency_ms=1, decode_tokens_per_s=0, output_tokens=4)) as m:
+        tr = Transport(ClientConfig(read_timeout_s=5, total_timeout_s=10), TargetConfig(), m.url)
+        trace = Trace("agent", 0, 1, 0, "t-refused-body", 1, len(PLAIN), 10)
+        try:
+            with pytest.raises(aiohttp.ClientOSError, match="Can not write request body"):
+                await asyncio.wait_for(rq.send(tr.session_for(0), tr.url, PLAIN, trace), 10)
+            await asyncio.sleep(0.1)  # (the body-writing task is done by now)
+        finally:
+            await tr.close()
+    assert "conn_end" in trace.t and "sent" not in trace.t and "headers" not in trace.t
+    assert trace.phase() == "send"
+
+
 @pytest.fixture
 def fresh_checks(monkeypatch):
     """The once-per-process checks and warnings, as in a new process (restored afterwards)."""

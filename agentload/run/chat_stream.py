@@ -243,7 +243,7 @@ class ChatStream:
         else:
             self._calls[call][3].extend(texts)
         if self.token_chunks == 0 and self.first_token_payload is None:
-            self.first_token_payload = payloads[texts.index(next(t for t in texts if t))]
+            self.first_token_payload = payloads[next(i for i, t in enumerate(texts) if t)]
         self.token_chunks += tokens
         return TOKEN
 

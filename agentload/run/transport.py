@@ -201,36 +201,44 @@ class _TracedConnector(aiohttp.TCPConnector):
 
 class _TracedRequest(aiohttp.ClientRequest):
     """aiohttp's request, stamping `sent` when its body has been handed to the socket (the task
-    that writes it runs in a copy of the sending task's context, so it sees `current_trace`)."""
+    that writes it runs in a copy of the sending task's context, so it sees `current_trace`).
+    aiohttp does not raise a failed write: it sets the error on the connection's protocol and
+    returns. Then nothing is stamped: the request failed sending, not waiting for the server."""
 
-    async def write_bytes(self, *args: Any, **kwargs: Any) -> None:
-        await super().write_bytes(*args, **kwargs)
+    async def write_bytes(self, writer: Any, conn: Any, *args: Any, **kwargs: Any) -> None:
+        await super().write_bytes(writer, conn, *args, **kwargs)
         tr = current_trace.get()
         if tr is not None and "sent" not in tr.t:
-            tr.t["sent"] = _now()
+            protocol = conn.protocol
+            if protocol is None or protocol.exception() is None:
+                tr.t["sent"] = _now()
 
 
 # The methods _TracedConnector and _TracedRequest override, with the parameters they pass on.
 _TRACE_HOOKS = {(aiohttp.TCPConnector, "connect"): ("req", "traces", "timeout"),
                 (aiohttp.TCPConnector, "_wait_for_available_connection"): ("key", "traces"),
                 (aiohttp.TCPConnector, "_create_connection"): ("req", "traces", "timeout"),
-                (aiohttp.ClientRequest, "write_bytes"): None}
+                (aiohttp.ClientRequest, "write_bytes"): ("writer", "conn")}  # (3.14 adds content_length)
 _trace_hooks_ok: bool | None = None  # None: not checked yet in this process
 
 
 def check_trace_hooks() -> bool:
     """The connector and request methods the traced classes override are there, with the same
-    parameters (else: one warning, and aiohttp's TraceConfig signals stamp the same phases)."""
+    leading parameters (else: one warning, and aiohttp's TraceConfig signals stamp the same phases)."""
     global _trace_hooks_ok
     if _trace_hooks_ok is None:
         missing = []
         for (cls, name), params in _TRACE_HOOKS.items():
             fn = getattr(cls, name, None)
             ok = inspect.iscoroutinefunction(fn)
-            if ok and params is not None:
-                ok = tuple(inspect.signature(fn).parameters)[1:] == params
+            if ok:  # the parameters passed on by name come first, in this order
+                ok = tuple(inspect.signature(fn).parameters)[1:1 + len(params)] == params
             if not ok:
-                missing.append(f"{cls.__name__}.{name}({', '.join(params or ())})")
+                missing.append(f"{cls.__name__}.{name}({', '.join(params)})")
+        from aiohttp.client_proto import ResponseHandler
+
+        if not callable(getattr(ResponseHandler, "exception", None)):  # where a failed body write is left
+            missing.append("ResponseHandler.exception()")
         _trace_hooks_ok = not missing
         if missing:
             _warn_once("trace", f"missing or reshaped {', '.join(missing)}: phases stamped by TraceConfig "
