@@ -7,6 +7,8 @@ derived from timestamps at report time, never stored.
 
 from __future__ import annotations
 
+import asyncio
+
 import dataclasses
 import os
 from dataclasses import dataclass, field
@@ -181,28 +183,68 @@ _OPTIONAL = frozenset({"server_first_token_ns", "bad_events", "id_sent", "backen
 
 
 class RecordWriter:
-    """Appends one line per record with a single write(2) on an O_APPEND descriptor.
+    """Appends one line per record to an O_APPEND descriptor, whole lines per write(2).
 
-    One syscall per line keeps lines whole and puts each record in the kernel at once,
-    so a run killed with SIGKILL leaves every finished request on disk.
+    Without a loop each record is one write(2). With the run's event loop (`loop`), the records
+    finished in one loop step are written together, in one write(2) at the end of that step
+    (`call_soon`): a burst of answers that arrive in one read costs one syscall, not one each
+    (~7 us a record in a run). A run killed with SIGKILL loses at most the records of the step it
+    was killed in; a stop by signal, a crash or the run's end flushes them (`close`). Lines are
+    never split across writes, so readers that tail the file (`--ray`, `--workers`) see whole lines.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop | None = None):
         self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.count = 0
+        self._loop = loop
+        self._pending: list[bytes] = []
+        self._failed: OSError | None = None  # a batched write that failed: raised by the next write
 
     def write(self, rec: Record) -> None:
+        if self._failed is not None:
+            e, self._failed = self._failed, None
+            raise e
         line = orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
         if redact.has_secrets():  # a server may echo the API key in its error body
             line = _redacted_line(rec, line)
-        os.write(self.fd, line)
         self.count += 1
+        if self._loop is None or self.fd < 0:
+            _write_all(self.fd, line)
+            return
+        pending = self._pending
+        pending.append(line)
+        if len(pending) == 1:
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write the lines still held (the records of the current loop step)."""
+        pending = self._pending
+        if pending and self.fd >= 0:
+            data = pending[0] if len(pending) == 1 else b"".join(pending)
+            pending.clear()
+            try:
+                _write_all(self.fd, data)
+            except OSError as e:  # (in a loop callback: raised to the next writer, who records it)
+                self._failed = e
 
     def close(self) -> None:
         if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+            try:
+                self.flush()
+            finally:
+                os.close(self.fd)
+                self.fd = -1
+            if self._failed is not None:
+                raise self._failed
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    # a regular file takes the whole buffer but for a full disk or a signal in the middle; then the rest
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
 
 
 def redact_record(rec: Record) -> Record:
