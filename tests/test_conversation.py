@@ -56,6 +56,24 @@ def test_body_equals_full_serialisation_and_tokens_match(msgs, tools, stream, se
     assert conv.body().index(b'"stream":') < conv.body().index(b'"messages":')
 
 
+@given(texts=st.lists(st.tuples(text, st.booleans()), max_size=10), seed=st.integers(0, 1000))
+@settings(max_examples=60, deadline=None)
+def test_the_body_asked_for_at_any_point_is_the_history_so_far(texts, seed):
+    # appended messages are joined into the body only when it is asked for: the same bytes whenever that is
+    cfg = ConversationConfig(tools=1, system_tokens=const(5), user_tokens=const(3))
+    conv = Conversation(cfg, "m", agent_rng(seed, 0), 0)
+    sent = []
+    for content, ask in texts:
+        conv.append({"role": "user", "content": content})
+        sent.append({"role": "user", "content": content})
+        if ask:
+            body = conv.body()
+            assert orjson.loads(body)["messages"][2:] == sent
+            assert conv.body() is body  # nothing appended since: the same object
+    assert orjson.loads(conv.body())["messages"][2:] == sent == conv.messages[2:]
+    assert conv.n_messages == 2 + len(sent)
+
+
 def test_tool_call_turns_carry_the_configured_content_scripted_and_from_the_model():
     from agentload.run.request import wants_stream
 

@@ -238,6 +238,7 @@ async def _conversation(ctx: "RunContext", st: AgentState, conv: Conversation, s
         st.state, st.since = "tool", _now()
         delay = conv.tool_latency_s()
         if delay > 0:
+            conv.body()  # the appended answer joined in now: orjson's bytes hold 4 KiB each while the agent sleeps
             await ctx.sleep(delay)
         for msg in conv.tool_results(assistant):
             conv.append(msg)

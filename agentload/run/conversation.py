@@ -127,7 +127,7 @@ class Conversation:
     """Messages of one agent, with their serialised form and token estimate kept in step."""
 
     __slots__ = ("cfg", "model", "rng", "tools", "_tools_tokens", "_body", "_head_len", "n_messages",
-                 "tokens", "agent", "round", "_latency_s", "_user_tokens")
+                 "tokens", "agent", "round", "_latency_s", "_user_tokens", "_pending", "_in_body")
 
     def __init__(self, cfg: ConversationConfig, model: str, rng: np.random.Generator | random.Random, agent: int,
                  tools: list[dict[str, Any]] | None = None):
@@ -142,6 +142,10 @@ class Conversation:
         head, self._tools_tokens = _head(cfg, model, self.tools)
         self._head_len = len(head)
         self._body = head + b"]}"  # '{...,"messages":[' + the messages, comma-separated + ']}'
+        # Messages appended since the body was last made: joined into it once, when it is next
+        # asked for (a round appends 2-3 messages; each join copies the whole history).
+        self._pending: list[bytes] = []
+        self._in_body = 0  # messages in _body
         self.n_messages = 0
         self.tokens = self._tools_tokens
         # A constant draws nothing from the generator: its value, taken once per conversation
@@ -155,19 +159,24 @@ class Conversation:
         self.append({"role": "user", "content": user_text})
 
     def append(self, message: dict[str, Any]) -> None:
-        b = self._body
-        self._body = b"".join((memoryview(b)[:-2], b"," if self.n_messages else b"", orjson.dumps(message), b"]}"))
+        self._pending.append(orjson.dumps(message))
         self.n_messages += 1
         self.tokens += message_tokens(message)
 
     def body(self) -> bytes:
         """The request body (the same bytes object until the next message is appended)."""
+        pending = self._pending
+        if pending:
+            new = pending[0] if len(pending) == 1 else b",".join(pending)
+            self._body = b"".join((memoryview(self._body)[:-2], b"," if self._in_body else b"", new, b"]}"))
+            self._in_body = self.n_messages
+            pending.clear()
         return self._body
 
     @property
     def messages(self) -> list[dict[str, Any]]:
         """The messages so far, decoded from the serialised history (a fresh list each call)."""
-        return orjson.loads(b"".join((b"[", memoryview(self._body)[self._head_len:-2], b"]")))
+        return orjson.loads(b"".join((b"[", memoryview(self.body())[self._head_len:-2], b"]")))
 
     # ---- scripted mode: the agent decides the tool calls itself
 
