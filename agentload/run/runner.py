@@ -359,7 +359,7 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
         meta.update(extra_meta)
     transport = Transport(sc.client, sc.target, base_url)  # first: a missing secret leaves no half-made run
     _write_json(out_dir / f"run{sfx}.json", meta)
-    writer = RecordWriter(out_dir / f"records{sfx}.jsonl")
+    writer = RecordWriter(out_dir / f"records{sfx}.jsonl", loop=asyncio.get_running_loop())
     ctx = RunContext(sc, run_id, transport.url, transport, writer, tool_schemas(sc.conversation.tools))
     if worker is not None:
         ctx.shard = (worker.index, worker.count)
