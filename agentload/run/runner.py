@@ -32,7 +32,6 @@ import asyncio
 import functools
 import gc
 import itertools
-import math
 import os
 import platform
 import random
@@ -54,7 +53,7 @@ from agentload.run import dump
 from agentload.run.agent import attempt, run_agent
 from agentload.run.context import RunContext
 from agentload.run.sampler import Sampler
-from agentload.run.snapshot import follow, scan, stall_tick
+from agentload.run.snapshot import TimeGrid, follow, scan, scan_sliced, stall_tick
 from agentload.run.conversation import Conversation, tool_schemas
 from agentload.run.observers import start_observers
 from agentload.records import RecordWriter, Trace
@@ -158,29 +157,32 @@ async def watchdog(ctx: RunContext) -> None:
 
     Ticks are on a grid (`stall_tick`: never coarser than after_s / 4, at most 1 s); a walk that
     runs late skips the ticks it missed rather than run back to back. The first tick of each
-    second is a full snapshot (agents and pool counted too)."""
+    second is a full snapshot (agents and pool counted too). The grid is the one the lag probe
+    uses too (`ctx.loop_lag.grid`), so both wake the loop at once. The walk is `scan_sliced`: a
+    large registry is walked in slices of a few ms, the loop running in between (each snapshot's
+    `t` is when its pass began)."""
     after = int(ctx.scenario.stall.after_s * 1e9)
     give_up = int(ctx.scenario.stall.give_up_s * 1e9)
     tick = stall_tick(ctx.scenario.stall.after_s)
     per_second = round(1.0 / tick)
     feed = ctx.snapshots
     feed.tick_s = tick
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    k = 0
-    second = 0
+    lag = getattr(ctx, "loop_lag", None)
+    grid = lag.grid if lag is not None else TimeGrid()
+    if lag is not None:
+        lag.follow_tick(tick)
+    loop = grid.start()
+    n = grid.point_after(per_second, loop.time())
+    second = (n - 1) // per_second  # the second it starts in: its first full tick is the next one's first
     while True:
-        k += 1
-        delay = start + k * tick - loop.time()
-        if delay < 0:  # late by more than a tick: go on from the next tick still ahead
-            k += math.ceil(-delay / tick)
-            delay = start + k * tick - loop.time()
-        await asyncio.sleep(delay)
-        full = k // per_second > second
+        due = await grid.wait(n, per_second)
+        full = n // per_second > second
         if full:
-            second = k // per_second
-        feed.publish(scan(ctx, seq=feed.next_seq(), full=full, prev=feed.latest_full, after_ns=after,
-                          give_up_ns=give_up))
+            second = n // per_second
+        feed.publish(await scan_sliced(ctx, seq=feed.next_seq(), full=full, prev=feed.latest_full,
+                                       after_ns=after, give_up_ns=give_up))
+        # the next tick ahead: late by more than a tick, go on from the next tick still ahead
+        n = grid.point_after(per_second, max(loop.time(), due))
 
 
 async def canaries(ctx: RunContext, counter: "itertools.count[int] | None" = None) -> None:
