@@ -75,6 +75,10 @@ ARRIVAL_SLICE = 64  # agents started per event-loop step at most; each first ste
 FREEZE_EVERY_AGENTS = 10_000
 BACKGROUND_RESTARTS = 3  # a crashed background task is restarted this often, then left dead (the watchdog: the run stops)
 RESTART_PAUSE_S = 0.1
+# The run loop wakes on its events (an agent task set empty, a stop, the arrivals' end) and at
+# duration_s; this poll only bounds its wait. Each wake of an idle loop costs ~0.15 ms of CPU on a
+# VM: at 0.5 s this poll was a tenth of an idle run's background CPU.
+RUN_LOOP_POLL_S = 5.0
 
 
 # The collector's full passes walk every live object and stop the event loop meanwhile (about
@@ -451,7 +455,7 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
                     break
             if arrivals.done() and not agent_tasks:
                 break
-            timeout = 0.5
+            timeout = RUN_LOOP_POLL_S
             if duration is not None:
                 left = duration - (time.monotonic() - started)
                 if left <= 0:
