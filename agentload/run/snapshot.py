@@ -148,12 +148,14 @@ async def scan_sliced(ctx: Any, *, seq: int = 1, full: bool = True, prev: Inflig
                       after_ns: int | None = None, give_up_ns: int | None = None) -> InflightSnapshot:
     """`scan`, in slices of about SLICE_NS with the loop running in between (the watchdog's pass).
 
-    It walks lists of the registry's and the agents' values taken when it starts (and the pass's
-    clock, the snapshot's `t`, is that moment), so the dicts may change meanwhile: a request that
-    ended between slices (no longer in `ctx.inflight`) is neither acted on nor counted; one that
-    started is left for the next tick. The counts are thus not all of one instant, as they are with
-    `scan`: a request that ends during the pass may count both as in flight and its agent by its
-    new state (or neither, for one that starts)."""
+    It walks lists of the registry's and the agents' values taken when it starts, and reads the
+    pool's state then too (the pass's clock, the snapshot's `t`, is that moment), so the dicts may
+    change meanwhile: a request that ended between slices (no longer in `ctx.inflight`) is not acted
+    on, but still counted, in the phase it had reached: it was in flight at `t`, and the pool's
+    connections at `t` are to be compared with the requests in flight at `t` (counting only those
+    still in flight would show more connections in use than requests using them: a false leak). One
+    that started is left for the next tick. An agent's state is read when its slice comes, so a
+    request that ends during the pass may count both as in flight and its agent by its new state."""
     p = _Pass(ctx, full, after_ns, give_up_ns)
     t0 = p.now  # the copies below count in the first slice (100,000 entries: ~0.7 ms)
     live = ctx.inflight
@@ -178,7 +180,7 @@ class _Pass:
     """What one pass has counted so far (`scan` in one step, `scan_sliced` in several)."""
 
     __slots__ = ("acting", "after_ns", "by_round", "canaries", "finished", "full", "give_up_ns", "now", "o_phase",
-                 "o_start", "o_tr", "stalled", "waiting")
+                 "o_start", "o_tr", "pool", "stalled", "waiting")
 
     def __init__(self, ctx: Any, full: bool, after_ns: int | None, give_up_ns: int | None) -> None:
         self.now = _now()
@@ -194,17 +196,21 @@ class _Pass:
         self.o_phase = ""
         self.waiting: dict[tuple[int, str], int] = {}  # (round, request/tool/waiting) -> agents not in a request
         self.finished: dict[str, int] = {}
+        self.pool: dict[str, Any] = {}
+        if full:  # at the pass's start, with the registry's copy
+            try:
+                self.pool = ctx.transport.pool_state()
+            except Exception:  # the pool's internals must never stop a snapshot
+                pass
 
     def requests(self, trs: list, live: Mapping[str, Any] | None) -> None:
-        """Look at each request of `trs`; with `live` (a sliced pass, after a yield) only at those
-        still in it, the registry."""
+        """Count each request of `trs`; with `live` (a sliced pass, after a yield) act only on those
+        still in it, the registry (one that ended since the pass began is counted as it was left)."""
         now, full, acting, after_ns, give_up_ns = self.now, self.full, self.acting, self.after_ns, self.give_up_ns
         stalled, by_round, canaries = self.stalled, self.by_round, self.canaries
         o_tr, o_start, o_phase = self.o_tr, self.o_start, self.o_phase
         loop = None
         for tr in trs:
-            if live is not None and live.get(tr.request_id) is not tr:  # ended since the pass began
-                continue
             t = tr.t
             # Trace.progress_ns() and, where needed, Trace.phase() in one look at the stamps
             for k in PROGRESS_STAMPS:
@@ -214,7 +220,7 @@ class _Pass:
             else:
                 k, prog = None, 0
             ph = None
-            if acting and now - prog >= after_ns:
+            if acting and now - prog >= after_ns and (live is None or live.get(tr.request_id) is tr):
                 if tr.stalled_phase is None:
                     tr.stalled_phase = ph = (_PHASE_AFTER_REUSED if tr.reused else _PHASE_AFTER)[k]
                     tr.stalled_at = now
@@ -281,10 +287,7 @@ class _Pass:
             o_tr = self.o_tr
             oldest = None if o_tr is None else Oldest(o_tr.agent, o_tr.round, self.o_phase, (now - self.o_start) / 1e9,
                                                       o_tr.request_id, o_tr.stalled_phase is not None)
-            try:
-                pool: dict[str, Any] = ctx.transport.pool_state()
-            except Exception:  # the pool's internals must never stop a snapshot
-                pool = {}
+            pool = self.pool
             full_t = now
             agents_m, rounds_m = _ro(dict(sorted(agents.items()))), _ro(dict(sorted(rounds.items())))
             finished_m, pool_m = _ro(dict(sorted(self.finished.items()))), _ro(pool)
