@@ -72,6 +72,17 @@ def _registry(n=300):
     return ctx, fired
 
 
+def _sliced_pass_while(ctx, meanwhile):
+    """The watchdog's sliced pass over ctx, with `meanwhile()` running in the loop beside it."""
+    async def main():
+        t = asyncio.create_task(meanwhile())
+        snap = await scan_sliced(ctx, after_ns=AFTER, give_up_ns=GIVE_UP)
+        await t
+        return snap
+
+    return _run(main())
+
+
 def _scan(ctx, **kw):
     """The one-step pass, on a running loop (a give-up reschedules a timeout on it)."""
     async def main():
@@ -141,13 +152,7 @@ def test_a_request_that_ended_between_slices_is_left_alone_and_a_new_one_waits(s
             del ctx.inflight[tr.request_id]  # (its give-up timeout still set: only the registry tells)
         ctx.inflight[new.request_id] = new
 
-    async def main():
-        t = asyncio.create_task(requests_go_on())
-        snap = await scan_sliced(ctx, after_ns=AFTER, give_up_ns=GIVE_UP)
-        await t
-        return snap
-
-    snap = _run(main())
+    snap = _sliced_pass_while(ctx, requests_go_on)
     for tr in ended:
         assert tr.request_id not in fired and not tr.gave_up and tr.stalled_phase is None
     assert "r-new" not in fired and new.stalled_phase is None  # the next tick's
@@ -182,13 +187,7 @@ def test_the_pool_is_read_with_the_registry_so_a_busy_pool_shows_no_false_leak(s
             new.t.update(start=1, queued_start=1, queued_end=1, conn_start=1, conn_end=1, sent=1)
             ctx.inflight[new.request_id] = new
 
-    async def main():
-        t = asyncio.create_task(requests_go_on())
-        snap = await scan_sliced(ctx, after_ns=AFTER, give_up_ns=GIVE_UP)
-        await t
-        return snap
-
-    snap = _run(main())
+    snap = _sliced_pass_while(ctx, requests_go_on)
     holding = sum(n for ph, n in snap.inflight.items() if ph != "pool_wait") + snap.canaries
     assert snap.pool["in_use"] == 300 == holding  # both of the pass's start
 
