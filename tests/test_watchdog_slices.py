@@ -340,30 +340,3 @@ def test_the_probe_still_sees_a_frozen_loop(loop_factory):
     anywhere, aligned, max_ms = _run(main(), loop_factory)
     assert anywhere >= 150 - 2  # (timers round to the loop's clock: a ms either way)
     assert aligned >= 300 - 2 and max_ms >= aligned
-
-
-def test_give_ups_are_fired_a_batch_per_loop_step(monkeypatch):
-    # each give-up's cancelled task runs in the next loop step: 30,000 at once made one step of seconds
-    monkeypatch.setattr(snapshot, "SLICE_GIVE_UPS", 5)
-    monkeypatch.setattr(snapshot, "SLICE_NS", 10**12)  # only the give-ups end a slice here
-    one, fired_one = _registry()
-    _scan(one, after_ns=AFTER, give_up_ns=GIVE_UP)
-    ctx, _ = _registry()
-    step = [0]
-    per_step: dict[int, int] = {}
-    for tr in ctx.inflight.values():
-        tr.timeout_cm = SimpleNamespace(reschedule=lambda when: per_step.__setitem__(step[0], per_step.get(step[0], 0) + 1))
-
-    async def main():
-        loop = asyncio.get_running_loop()
-
-        def tick():
-            step[0] += 1
-            loop.call_soon(tick)
-
-        loop.call_soon(tick)
-        return await scan_sliced(ctx, after_ns=AFTER, give_up_ns=GIVE_UP)
-
-    _run(main())
-    assert sum(per_step.values()) == len(fired_one) > 20  # every one of them, as the one-step pass
-    assert max(per_step.values()) <= 5 and len(per_step) >= len(fired_one) // 5

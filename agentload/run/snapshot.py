@@ -142,10 +142,6 @@ def scan(ctx: Any, *, seq: int = 1, full: bool = True, prev: InflightSnapshot | 
 # in one step.
 SLICE_CHUNK = 1024
 SLICE_NS = 2_000_000
-# A give-up cancels its request's task, which runs (cancelled: a record, maybe a retry) in the next
-# loop step, ~50-100 us each: 30,000 requests given up at once (100,000 agents on a pool of 100) made
-# one step of seconds. A slice ends after this many give-ups, so the loop runs them a batch at a time.
-SLICE_GIVE_UPS = 64
 
 
 async def scan_sliced(ctx: Any, *, seq: int = 1, full: bool = True, prev: InflightSnapshot | None = None,
@@ -165,11 +161,9 @@ async def scan_sliced(ctx: Any, *, seq: int = 1, full: bool = True, prev: Inflig
     live = ctx.inflight
     trs = list(live.values())
     check = None  # until the first yield nothing can have ended
-    i = 0
-    while i < len(trs):
-        p.fired = 0
-        i = p.requests(trs, check, i, min(i + SLICE_CHUNK, len(trs)), SLICE_GIVE_UPS)
-        if p.fired >= SLICE_GIVE_UPS or _now() - t0 >= SLICE_NS:
+    for i in range(0, len(trs), SLICE_CHUNK):
+        p.requests(trs[i:i + SLICE_CHUNK], check)
+        if _now() - t0 >= SLICE_NS:
             await asyncio.sleep(0)
             check, t0 = live, _now()
     if full:
@@ -185,8 +179,8 @@ async def scan_sliced(ctx: Any, *, seq: int = 1, full: bool = True, prev: Inflig
 class _Pass:
     """What one pass has counted so far (`scan` in one step, `scan_sliced` in several)."""
 
-    __slots__ = ("acting", "after_ns", "by_round", "canaries", "finished", "fired", "full", "give_up_ns", "now",
-                 "o_phase", "o_start", "o_tr", "pool", "stalled", "waiting")
+    __slots__ = ("acting", "after_ns", "by_round", "canaries", "finished", "full", "give_up_ns", "now", "o_phase",
+                 "o_start", "o_tr", "pool", "stalled", "waiting")
 
     def __init__(self, ctx: Any, full: bool, after_ns: int | None, give_up_ns: int | None) -> None:
         self.now = _now()
@@ -203,30 +197,20 @@ class _Pass:
         self.waiting: dict[tuple[int, str], int] = {}  # (round, request/tool/waiting) -> agents not in a request
         self.finished: dict[str, int] = {}
         self.pool: dict[str, Any] = {}
-        self.fired = 0  # give-ups fired (by the current slice)
         if full:  # at the pass's start, with the registry's copy
             try:
                 self.pool = ctx.transport.pool_state()
             except Exception:  # the pool's internals must never stop a snapshot
                 pass
 
-    def requests(self, trs: list, live: Mapping[str, Any] | None, i: int = 0, end: int | None = None,
-                 max_fired: int = 0) -> int:
+    def requests(self, trs: list, live: Mapping[str, Any] | None) -> None:
         """Count each request of `trs`; with `live` (a sliced pass, after a yield) act only on those
-        still in it, the registry (one that ended since the pass began is counted as it was left).
-        `trs[i:end]` only, stopping early after `max_fired` give-ups (0: no limit); returns where it
-        stopped."""
+        still in it, the registry (one that ended since the pass began is counted as it was left)."""
         now, full, acting, after_ns, give_up_ns = self.now, self.full, self.acting, self.after_ns, self.give_up_ns
         stalled, by_round, canaries = self.stalled, self.by_round, self.canaries
         o_tr, o_start, o_phase = self.o_tr, self.o_start, self.o_phase
         loop = None
-        fired = self.fired
-        end = len(trs) if end is None else end
-        while i < end:
-            if max_fired and fired >= max_fired:
-                break
-            tr = trs[i]
-            i += 1
+        for tr in trs:
             t = tr.t
             # Trace.progress_ns() and, where needed, Trace.phase() in one look at the stamps
             for k in PROGRESS_STAMPS:
@@ -244,7 +228,6 @@ class _Pass:
                     tr.gave_up = True
                     loop = loop or asyncio.get_running_loop()
                     tr.timeout_cm.reschedule(loop.time())
-                    fired += 1
             if tr.kind != "agent":
                 canaries += 1
                 continue
@@ -262,8 +245,6 @@ class _Pass:
                     o_tr, o_start, o_phase = tr, start, ph
         self.canaries = canaries
         self.o_tr, self.o_start, self.o_phase = o_tr, o_start, o_phase
-        self.fired = fired
-        return i
 
     def begin_agents(self, ctx: Any) -> list:
         """The agents to count, and the conversations ended and forgotten (open loop), read in one
