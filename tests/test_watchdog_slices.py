@@ -264,8 +264,8 @@ def test_one_grid_point_is_one_timer_whatever_rate_reaches_it():
         g = TimeGrid()
         loop = g.start()
         n2 = g.point_after(2, loop.time())
-        n6 = g.point_after(6, g.at(n2, 2) - 1e-6)
-        assert g.at(n6, 6) == g.at(n2, 2)  # 1/2 s and 3/6 s: the same point
+        n6 = g.point_after(6, g.point_us(n2, 2) / 1e6 - 1e-6)
+        assert g.point_us(n6, 6) == g.point_us(n2, 2)  # 1/2 s and 3/6 s: the same point
         order = []
 
         async def waiter(name, n, per_s, first=False):

@@ -8,7 +8,6 @@ derived from timestamps at report time, never stored.
 from __future__ import annotations
 
 import asyncio
-
 import dataclasses
 import os
 from dataclasses import dataclass, field
@@ -221,12 +220,14 @@ class RecordWriter:
         """Write the lines still held (the records of the current loop step)."""
         pending = self._pending
         if pending and self.fd >= 0:
-            data = pending[0] if len(pending) == 1 else b"".join(pending)
+            n = len(pending)
+            data = pending[0] if n == 1 else b"".join(pending)
             pending.clear()
             try:
                 _write_all(self.fd, data)
             except OSError as e:  # (in a loop callback: raised to the next writer, who records it)
                 self._failed = e
+                self.count -= n  # run.json's count is of the lines on disk
 
     def close(self) -> None:
         if self.fd >= 0:

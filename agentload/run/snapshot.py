@@ -382,14 +382,15 @@ class TimeGrid:
         d = round(t * 1e6) - self.origin_us + 1
         return -(-d * per_s // 1_000_000)
 
-    def at(self, n: int, per_s: int) -> float:
-        return (self.origin_us + n * 1_000_000 // per_s) / 1e6
+    def point_us(self, n: int, per_s: int) -> int:
+        """Point n (per_s a second) in whole microseconds of loop time: one key per instant."""
+        return self.origin_us + n * 1_000_000 // per_s
 
     async def wait(self, n: int, per_s: int, first: bool = False) -> float:
         """Sleep until point n (per_s a second); returns its loop time. `first`: resumed before the
         other waiters of that point (the lag probe, so it does not measure the watchdog's pass)."""
         loop = self.start()
-        key = self.origin_us + n * 1_000_000 // per_s
+        key = self.point_us(n, per_s)
         entry = self._due.get(key)
         if entry is None:
             entry = self._due[key] = [loop.call_at(key / 1e6, self._fire, key)]
