@@ -32,7 +32,7 @@ class Trace:
     __slots__ = ("kind", "agent", "round", "call", "request_id", "messages", "prompt_bytes",
                  "prompt_tokens", "t", "reused", "chunks", "token_chunks", "comments", "last_token",
                  "max_gap", "max_gap_at", "stalled_phase", "stalled_at", "gave_up", "timeout_cm",
-                 "bytes_in", "server_first_token_ns", "bad_events", "id_sent", "conversation")
+                 "bytes_in", "server_first_token_ns", "bad_events", "id_sent", "conversation", "body")
 
     def __init__(self, kind: str, agent: int, round_: int, call: int, request_id: str,
                  messages: int, prompt_bytes: int, prompt_tokens: int, intended: int | None = None,
@@ -64,6 +64,7 @@ class Trace:
         self.server_first_token_ns: int | None = None  # the server's own send stamp, if it sent one
         self.bad_events = 0  # malformed events in the response (set by the read path)
         self.id_sent: str | None = None  # the request id header's value, if one was sent
+        self.body: Any = None  # the request's body while it connects (the transport may park it)
 
     def phase(self) -> str:
         """The phase the request is in now."""

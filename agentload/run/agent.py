@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from agentload.run.context import AgentState
 from agentload.run.conversation import Conversation, agent_rng  # numpy Generator per agent
 from agentload.records import Record, Trace
-from agentload.run.request import Result, classify_exception, send, sent_request_id
+from agentload.run.request import ConversationBody, Result, classify_exception, send, sent_request_id
 
 if TYPE_CHECKING:
     from agentload.run.context import RunContext
@@ -88,7 +88,8 @@ def _gave_up(ctx: "RunContext", trace: Trace) -> Result:
                   f"no progress in {trace.stalled_phase} for {ctx.scenario.stall.give_up_s:g}s")
 
 
-async def attempt(ctx: "RunContext", session, trace: Trace, body: bytes) -> tuple[Record, Result | None]:
+async def attempt(ctx: "RunContext", session, trace: Trace,
+                  body: "bytes | ConversationBody") -> tuple[Record, Result | None]:
     """Send one request under the give-up timeout; return its record (already written)."""
     ctx.inflight[trace.request_id] = trace
     target = ctx.scenario.target
@@ -188,9 +189,9 @@ async def _conversation(ctx: "RunContext", st: AgentState, conv: Conversation, s
         call = 0
         errors = 0
         while True:
-            body = conv.body()
+            body = ConversationBody(conv)  # the bytes stay with the conversation: parked there while queued
             rid = f"{ctx.run_id}-a{agent}-k{k}-r{rnd}-c{call}" if k else f"{ctx.run_id}-a{agent}-r{rnd}-c{call}"
-            trace = Trace("agent", agent, rnd, call, rid, conv.n_messages, len(body), conv.tokens,
+            trace = Trace("agent", agent, rnd, call, rid, conv.n_messages, body.size, conv.tokens,
                           intended, conversation=k)
             intended = None
             st.state, st.since, st.trace = "request", _now(), trace

@@ -32,9 +32,12 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from hashlib import sha1 as _sha1
 
 import aiohttp
+import aiohttp.payload
+from multidict import CIMultiDict
 
 from agentload import redact
 from agentload.run.body_sink import read_body
@@ -42,6 +45,9 @@ from agentload.run.chat_stream import TOKEN, ChatStream
 from agentload.records import Trace
 from agentload.run.sse import COMMENT, DATA, SSEDecoder
 from agentload.run.transport import current_trace
+
+if TYPE_CHECKING:
+    from agentload.run.conversation import Conversation
 
 _now = time.perf_counter_ns
 _ERROR_BODY_LIMIT = 300
@@ -161,6 +167,52 @@ def server_stamp(payload: bytes) -> int | None:
         return int(payload[i:j])
     except ValueError:
         return None
+
+
+class ConversationBody(aiohttp.payload.Payload):
+    """A conversation's request body as aiohttp's payload: the bytes are asked of the
+    conversation when they are written, so while the request waits for a pool connection the
+    conversation alone holds them, and can keep them compressed (`park`, called by the
+    transport when many bodies are queued). Nothing else on the send path holds the bytes.
+
+    Payload's own __init__ (content type guessing, a header map per request) is not run: the
+    headers are one shared map, and the size is the body's length."""
+
+    _autoclose = True  # no file or socket behind it
+
+    def __init__(self, conv: "Conversation"):  # (Payload.__init__ not called: see above)
+        self._value = conv
+        self._size = len(conv.body())
+        self._encoding = None
+        self._filename = None
+        self._headers = _JSON_HEADERS
+
+    def raw(self) -> bytes:
+        return self._value.body()
+
+    def park(self) -> int:
+        """Compress the waiting body; the bytes freed (0: already parked, or not whole)."""
+        return self._value.park()
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return self._value.body().decode(encoding, errors)
+
+    async def as_bytes(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return self._value.body()
+
+    async def write(self, writer) -> None:
+        await writer.write(self._value.body())
+
+    async def write_with_length(self, writer, content_length: int | None) -> None:
+        body = self._value.body()
+        await writer.write(body if content_length is None else body[:content_length])
+
+
+_JSON_HEADERS = CIMultiDict({"Content-Type": "application/json"})
+
+
+def body_bytes(body: "bytes | ConversationBody") -> bytes:
+    return body if isinstance(body, bytes) else body.raw()
 
 
 @dataclass(slots=True)
@@ -302,7 +354,7 @@ class SSEBody:
         return self.cs
 
 
-async def send(session: aiohttp.ClientSession, url: str, body: bytes, trace: Trace,
+async def send(session: aiohttp.ClientSession, url: str, body: "bytes | ConversationBody", trace: Trace,
                extra_headers: dict[str, str] | None = None, stream: bool | None = None,
                id_header: str | None = "X-Request-ID") -> Result:
     """One request; the caller wraps it in the give-up timeout the watchdog can fire.
@@ -324,14 +376,17 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, trace: Tra
     # for the session's traced connector and request (this task's context only); let go after, so a
     # thinking agent does not keep its last request's trace alive
     token = current_trace.set(trace)
+    if body.__class__ is not bytes:  # a body the transport may park while the request waits for the pool
+        trace.body = body
     try:
         return await _exchange(session, url, body, trace, headers, stream, id_header)
     finally:
+        trace.body = None
         current_trace.reset(token)
 
 
-async def _exchange(session: aiohttp.ClientSession, url: str, body: bytes, trace: Trace, headers: dict[str, str],
-                    stream: bool | None, id_header: str | None) -> Result:
+async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | ConversationBody", trace: Trace,
+                    headers: dict[str, str], stream: bool | None, id_header: str | None) -> Result:
     """`send`'s request and response, read to the end."""
     t = trace.t
     async with session.post(url, data=body, headers=headers, trace_request_ctx=trace) as resp:
@@ -357,7 +412,7 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: bytes, trace
             t["first_byte"] = t.get("first_byte", now)
             trace.bytes_in += len(raw)
             if stream is None:
-                stream = wants_stream(body)
+                stream = wants_stream(body_bytes(body))
             if stream:  # a stream was asked for: whatever this is, it is not the answer
                 t["end"] = now
                 return Result(status, None, "not_a_stream",

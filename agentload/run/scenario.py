@@ -329,6 +329,9 @@ class ClientConfig:
     connect_timeout_s: float = setting(10.0, _TIMEOUT)  # DNS+TCP+TLS of a new connection (aiohttp `sock_connect`)
     read_timeout_s: float = setting(120.0, _TIMEOUT)  # idle between two reads (aiohttp `sock_read`); bytes, not tokens
     total_timeout_s: float = setting(900.0, _TIMEOUT)  # whole request, body included (aiohttp `total`)
+    # Past this many MB of request bodies waiting for a pool connection, a body that starts to wait
+    # is kept compressed until it is sent (100,000 agents queued on a pool of 100); 0: every one.
+    park_queued_bodies_mb: float = setting(256.0, Number(0))
 
 
 @dataclass(frozen=True)

@@ -164,11 +164,43 @@ def make_trace_config() -> aiohttp.TraceConfig:
 current_trace: ContextVar[Trace | None] = ContextVar("agentload_trace", default=None)
 
 
+class QueuedBodies:
+    """The request bodies waiting for a pool connection: their bytes, and parking past a limit.
+
+    100,000 agents on a pool of 100 hold 100,000 request bodies while they wait (1.3-1.6 GB in
+    round 5 of the demo's conversations). Past `park_above` bytes queued, a body that starts to
+    wait is parked: kept compressed by its conversation until it is written (`Conversation.park`).
+    Only bodies that can park are counted (a conversation's; canaries and raw bytes are not)."""
+
+    __slots__ = ("park_above", "queued_bytes", "parked", "parked_saved")
+
+    def __init__(self, park_above_bytes: float):
+        self.park_above = park_above_bytes
+        self.queued_bytes = 0
+        self.parked = 0  # bodies parked so far
+        self.parked_saved = 0  # bytes freed by parking them (at the time each was parked)
+
+    def enter(self, body: Any) -> int:
+        size = body.size
+        self.queued_bytes += size
+        if self.queued_bytes > self.park_above:
+            saved = body.park()
+            if saved:
+                self.parked += 1
+                self.parked_saved += saved
+        return size
+
+    def leave(self, size: int) -> None:
+        self.queued_bytes -= size
+
+
 class _TracedConnector(aiohttp.TCPConnector):
     """aiohttp's TCP connector, stamping the current request's Trace (see the module docstring).
-    `on_open(trace)`: a connection was opened for that request."""
+    `on_open(trace)`: a connection was opened for that request. `queue`: where the bodies of the
+    requests waiting for a connection are counted, and parked past its limit."""
 
     on_open: Callable[[Trace | None], None] | None = None
+    queue: QueuedBodies | None = None
 
     async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
         conn = await super().connect(req, traces, timeout)
@@ -180,11 +212,19 @@ class _TracedConnector(aiohttp.TCPConnector):
     async def _wait_for_available_connection(self, key: Any, traces: Any) -> None:
         # called only when the pool is full; the whole wait, also when aiohttp queues it again
         tr = current_trace.get()
-        if tr is not None:
-            tr.t["queued_start"] = _now()
-        await super()._wait_for_available_connection(key, traces)
-        if tr is not None:
-            tr.t["queued_end"] = _now()
+        if tr is None:
+            return await super()._wait_for_available_connection(key, traces)
+        tr.t["queued_start"] = _now()
+        queue, body = self.queue, tr.body
+        if queue is None or body is None:
+            await super()._wait_for_available_connection(key, traces)
+        else:
+            size = queue.enter(body)
+            try:
+                await super()._wait_for_available_connection(key, traces)
+            finally:
+                queue.leave(size)
+        tr.t["queued_end"] = _now()
 
     async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
         tr = current_trace.get()
@@ -291,6 +331,8 @@ class Transport:
         self._shared: aiohttp.ClientSession | None = None
         self._per_agent: dict[int, aiohttp.ClientSession] = {}
         self.connections_opened = 0
+        # one count for all the agents' pools (a canary's pool does not park: its bodies are bytes)
+        self.queued_bodies = QueuedBodies(client.park_queued_bodies_mb * 1e6)
         self.traced_classes = check_trace_hooks()  # once per process: else one warning and TraceConfig
         self._trace_configs: list[aiohttp.TraceConfig] = []
         if not self.traced_classes:
@@ -311,6 +353,7 @@ class Transport:
             return aiohttp.TCPConnector(**kwargs)
         connector = _TracedConnector(**kwargs)
         connector.on_open = self._count_open
+        connector.queue = self.queued_bodies
         return connector
 
     def _session(self, connector: aiohttp.TCPConnector, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
@@ -379,6 +422,10 @@ class Transport:
         out: dict[str, Any] = {"pools": len(conns), **counts,
                                "limit": self.cfg.limit * max(1, len(conns)) if self.cfg.limit else 0,
                                "opened": self.connections_opened}
+        q = self.queued_bodies
+        if q.parked:  # only once it happened: the common run's pool state stays as it was
+            out["parked"] = q.parked
+            out["queued_body_mb"] = round(q.queued_bytes / 1e6, 1)
         if unknown:
             out["unknown"] = unknown
         return out
