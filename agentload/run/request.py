@@ -378,18 +378,27 @@ async def send(session: aiohttp.ClientSession, url: str, body: "bytes | Conversa
     token = current_trace.set(trace)
     if body.__class__ is not bytes:  # a body the transport may park while the request waits for the pool
         trace.body = body
+    gate = getattr(session.connector, "gate", None)  # agentload's queue in front of the pool, if any
     try:
-        return await _exchange(session, url, body, trace, headers, stream, id_header)
+        if gate is None:
+            return await _exchange(session, url, body, trace, headers, stream, id_header, None)
+        timeout = await gate.enter(trace, url)
+        try:
+            return await _exchange(session, url, body, trace, headers, stream, id_header, timeout)
+        finally:
+            gate.leave()
     finally:
         trace.body = None
         current_trace.reset(token)
 
 
 async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | ConversationBody", trace: Trace,
-                    headers: dict[str, str], stream: bool | None, id_header: str | None) -> Result:
-    """`send`'s request and response, read to the end."""
+                    headers: dict[str, str], stream: bool | None, id_header: str | None,
+                    timeout: aiohttp.ClientTimeout | None) -> Result:
+    """`send`'s request and response, read to the end (`timeout`: the session's, unless given)."""
     t = trace.t
-    async with session.post(url, data=body, headers=headers, trace_request_ctx=trace) as resp:
+    async with session.post(url, data=body, headers=headers, trace_request_ctx=trace,
+                            **({} if timeout is None else {"timeout": timeout})) as resp:
         status = resp.status
         if "headers" not in t:  # (stamped by the on_request_end signal where TraceConfig stamps)
             t["headers"] = _now()

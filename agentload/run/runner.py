@@ -536,6 +536,7 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
                      "records": writer.count, "max_loop_lag_ms": round(ctx.loop_lag.max_ms, 3),
                      # request bodies kept compressed while they waited for the pool (client.park_queued_bodies_mb)
                      "parked_bodies": ctx.transport.queued_bodies.parked,
+                     "gated_requests": ctx.transport.gated_requests(),
                      "crashes": list(ctx.crashes), "crash_count": ctx.crash_count})
         _write_json(out_dir / f"run{sfx}.json", meta)
         gc_restore()

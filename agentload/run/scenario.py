@@ -332,6 +332,10 @@ class ClientConfig:
     # Past this many MB of request bodies waiting for a pool connection, a body that starts to wait
     # is kept compressed until it is sent (100,000 agents queued on a pool of 100); 0: every one.
     park_queued_bodies_mb: float = setting(256.0, Number(0))
+    # Requests let wait inside aiohttp's pool at once (a shared session with a limit); more wait in
+    # agentload's own queue, a future each, before aiohttp builds their request (~6 KB each): the
+    # same pool_wait phase and pool timeout. 0: no queue of agentload's own.
+    aiohttp_waiters_max: int = setting(256, Whole(0))
 
 
 @dataclass(frozen=True)

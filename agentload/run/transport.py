@@ -22,9 +22,11 @@ left out of `pool_state()` (listed under `unknown`) instead of read as 0.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import sys
 import time
+from collections import deque
 from contextvars import ContextVar
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -98,7 +100,14 @@ def _trace_of(ctx: SimpleNamespace) -> Trace | None:
 async def _queued_start(session: Any, ctx: SimpleNamespace, params: Any) -> None:
     tr = ctx.trace_request_ctx
     if tr is not None:
-        tr.t["queued_start"] = _now()
+        _wait_begins(tr.t)
+
+
+def _wait_begins(t: dict[str, int]) -> None:
+    # A wait that follows an earlier one of the same request (agentload's queue, then aiohttp's; or
+    # aiohttp queueing it again) continues it: the first start stays, the end is open again.
+    if t.pop("queued_end", None) is None:
+        t["queued_start"] = _now()
 
 
 async def _queued_end(session: Any, ctx: SimpleNamespace, params: Any) -> None:
@@ -194,6 +203,74 @@ class QueuedBodies:
         self.queued_bytes -= size
 
 
+class PoolGate:
+    """agentload's own queue in front of a pool: at most `room` requests inside aiohttp at once.
+
+    A request queued in aiohttp's pool has already had its request built (a ClientRequest, its
+    headers, timers, coroutine frames: ~6 KB); 100,000 agents on a pool of 100 would hold 600 MB of
+    them. Past the pool's limit plus `client.aiohttp_waiters_max`, a request waits here instead, on
+    one future, before `session.post`. It is the same wait: `queued_start` is stamped here and
+    aiohttp's own wait, if any, continues it (`_wait_begins`); it is bounded by the pool timeout
+    (what is left of it goes to aiohttp); its body is counted and parked like one in aiohttp's queue.
+    First come, first served: a place freed goes straight to the longest waiter."""
+
+    __slots__ = ("room", "waiting", "n_waiting", "waited", "_queue", "_timeout")
+
+    def __init__(self, room: int, queue: QueuedBodies, timeout: aiohttp.ClientTimeout):
+        self.room = room  # places free (only while nobody waits)
+        self.waiting: deque[asyncio.Future[None]] = deque()  # (a cancelled waiter's future stays until passed)
+        self.n_waiting = 0  # requests waiting now
+        self.waited = 0  # requests that waited here, so far
+        self._queue = queue
+        self._timeout = timeout
+
+    async def enter(self, tr: Trace, url: str) -> aiohttp.ClientTimeout | None:
+        """Take a place, waiting for one if none is free; then `leave()` exactly once. The request's
+        timeout with the wait taken off (None: it did not wait)."""
+        if self.room > 0:
+            self.room -= 1
+            return None
+        t = tr.t
+        _wait_begins(t)
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting.append(fut)
+        body = tr.body
+        size = self._queue.enter(body) if body is not None else 0
+        pool_s = self._timeout.connect
+        self.n_waiting += 1
+        self.waited += 1
+        try:
+            async with asyncio.timeout(pool_s):
+                await fut
+        except BaseException as e:
+            if fut.done() and not fut.cancelled():  # given a place, then cancelled: pass it on
+                self.leave()
+            fut.cancel()
+            if isinstance(e, TimeoutError):  # as aiohttp names its own pool timeout
+                raise aiohttp.ConnectionTimeoutError(f"Connection timeout to host {url}") from e
+            raise
+        finally:
+            self.n_waiting -= 1
+            if size:
+                self._queue.leave(size)
+        now = t["queued_end"] = _now()
+        waited = (now - t["queued_start"]) / 1e9
+        tm = self._timeout
+        return aiohttp.ClientTimeout(  # the pool timeout and total timeout count from the request's start
+            total=None if tm.total is None else max(tm.total - waited, 1e-3),
+            connect=None if pool_s is None else max(pool_s - waited, 1e-3),
+            sock_read=tm.sock_read, sock_connect=tm.sock_connect, ceil_threshold=tm.ceil_threshold)
+
+    def leave(self) -> None:
+        waiting = self.waiting
+        while waiting:
+            fut = waiting.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self.room += 1
+
+
 class _TracedConnector(aiohttp.TCPConnector):
     """aiohttp's TCP connector, stamping the current request's Trace (see the module docstring).
     `on_open(trace)`: a connection was opened for that request. `queue`: where the bodies of the
@@ -201,6 +278,7 @@ class _TracedConnector(aiohttp.TCPConnector):
 
     on_open: Callable[[Trace | None], None] | None = None
     queue: QueuedBodies | None = None
+    gate: PoolGate | None = None  # agentload's queue in front of this pool (`request.send` passes it)
 
     async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
         conn = await super().connect(req, traces, timeout)
@@ -214,7 +292,7 @@ class _TracedConnector(aiohttp.TCPConnector):
         tr = current_trace.get()
         if tr is None:
             return await super()._wait_for_available_connection(key, traces)
-        tr.t["queued_start"] = _now()
+        _wait_begins(tr.t)
         queue, body = self.queue, tr.body
         if queue is None or body is None:
             await super()._wait_for_available_connection(key, traces)
@@ -333,6 +411,7 @@ class Transport:
         self.connections_opened = 0
         # one count for all the agents' pools (a canary's pool does not park: its bodies are bytes)
         self.queued_bodies = QueuedBodies(client.park_queued_bodies_mb * 1e6)
+        self._gates: list[PoolGate] = []
         self.traced_classes = check_trace_hooks()  # once per process: else one warning and TraceConfig
         self._trace_configs: list[aiohttp.TraceConfig] = []
         if not self.traced_classes:
@@ -373,7 +452,12 @@ class Transport:
             enable_cleanup_closed=False,
         )
         check_pool_hooks(connector)
-        return self._session(connector, client_timeout(c))
+        timeout = client_timeout(c)
+        limit = c.limit if limit is None else limit
+        if limit and c.aiohttp_waiters_max and c.session == "shared":  # (an agent's own pool: one request at a time)
+            connector.gate = PoolGate(limit + c.aiohttp_waiters_max, self.queued_bodies, timeout)  # type: ignore[attr-defined]
+            self._gates.append(connector.gate)  # type: ignore[attr-defined]
+        return self._session(connector, timeout)
 
     def session_for(self, agent: int) -> aiohttp.ClientSession:
         if self.cfg.session == "shared":
@@ -402,6 +486,10 @@ class Transport:
         out.extend(s.connector for s in self._per_agent.values() if s.connector)
         return out
 
+    def gated_requests(self) -> int:
+        """Requests that waited in agentload's queue in front of the pool, so far (`PoolGate`)."""
+        return sum(g.waited for g in self._gates)
+
     def pool_state(self) -> dict[str, Any]:
         """Connections in use, idle, waiters queued and the limit, summed over the pools.
 
@@ -422,6 +510,11 @@ class Transport:
         out: dict[str, Any] = {"pools": len(conns), **counts,
                                "limit": self.cfg.limit * max(1, len(conns)) if self.cfg.limit else 0,
                                "opened": self.connections_opened}
+        gated = sum(g.n_waiting for g in self._gates)
+        if gated:  # agentload's own queue in front of aiohttp's: waiters too
+            out["gated"] = gated
+            if "waiters" in out:
+                out["waiters"] += gated
         q = self.queued_bodies
         if q.parked:  # only once it happened: the common run's pool state stays as it was
             out["parked"] = q.parked
