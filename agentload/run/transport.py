@@ -212,12 +212,16 @@ class PoolGate:
     one future, before `session.post`. It is the same wait: `queued_start` is stamped here and
     aiohttp's own wait, if any, continues it (`_wait_begins`); it is bounded by the pool timeout
     (what is left of it goes to aiohttp); its body is counted and parked like one in aiohttp's queue.
-    First come, first served: a place freed goes straight to the longest waiter."""
+    A place freed goes straight to the longest waiter; but a request that finds the pool itself
+    with a connection to give (idle, or under the limit) goes in at once, as it would in aiohttp
+    (whose `connect` takes an idle connection before any woken waiter can), so the queue changes
+    what a request holds while it waits, not who waits."""
 
-    __slots__ = ("room", "waiting", "n_waiting", "waited", "_queue", "_timeout")
+    __slots__ = ("room", "waiting", "n_waiting", "waited", "_pool", "_queue", "_timeout")
 
-    def __init__(self, room: int, queue: QueuedBodies, timeout: aiohttp.ClientTimeout):
-        self.room = room  # places free (only while nobody waits)
+    def __init__(self, room: int, pool: aiohttp.TCPConnector, queue: QueuedBodies, timeout: aiohttp.ClientTimeout):
+        self.room = room  # places free (only while nobody waits; below 0: requests let in past it)
+        self._pool = pool
         self.waiting: deque[asyncio.Future[None]] = deque()  # (a cancelled waiter's future stays until passed)
         self.n_waiting = 0  # requests waiting now
         self.waited = 0  # requests that waited here, so far
@@ -227,7 +231,7 @@ class PoolGate:
     async def enter(self, tr: Trace, url: str) -> aiohttp.ClientTimeout | None:
         """Take a place, waiting for one if none is free; then `leave()` exactly once. The request's
         timeout with the wait taken off (None: it did not wait)."""
-        if self.room > 0:
+        if self.room > 0 or self._pool_can_serve():
             self.room -= 1
             return None
         t = tr.t
@@ -261,7 +265,19 @@ class PoolGate:
             connect=None if pool_s is None else max(pool_s - waited, 1e-3),
             sock_read=tm.sock_read, sock_connect=tm.sock_connect, ceil_threshold=tm.ceil_threshold)
 
+    def _pool_can_serve(self) -> bool:
+        """aiohttp would hand this request a connection without queueing it (its internals, as
+        `pool_state` reads them; if they are missing: no)."""
+        pool = self._pool
+        try:
+            return bool(pool._conns) or len(pool._acquired) < pool._limit  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):
+            return False
+
     def leave(self) -> None:
+        if self.room < 0:  # one let in past the limit: its place was never there to give
+            self.room += 1
+            return
         waiting = self.waiting
         while waiting:
             fut = waiting.popleft()
@@ -455,7 +471,7 @@ class Transport:
         timeout = client_timeout(c)
         limit = c.limit if limit is None else limit
         if limit and c.aiohttp_waiters_max and c.session == "shared":  # (an agent's own pool: one request at a time)
-            connector.gate = PoolGate(limit + c.aiohttp_waiters_max, self.queued_bodies, timeout)  # type: ignore[attr-defined]
+            connector.gate = PoolGate(limit + c.aiohttp_waiters_max, connector, self.queued_bodies, timeout)  # type: ignore[attr-defined]
             self._gates.append(connector.gate)  # type: ignore[attr-defined]
         return self._session(connector, timeout)
 
