@@ -507,3 +507,13 @@ def test_failed_canaries_keep_the_verdict_from_healthy_but_cut_short_ones_do_not
     assert v["kind"] == "canary_failures" and v["agents_stopped"] == 0
     assert "1 of 1" in v["summary"] and "read_timeout x1" in v["summary"]
     assert "canary.timeout_s = 5 s" in v["evidence"][0]
+
+
+def test_waits_of_seconds_are_written_in_seconds_not_seconds_ms():
+    run = RunBuilder(agents=8, rounds=1, limit=2)
+    for a in range(8):
+        run.ok(a, 1, pool_wait_ms=60_000 + a, ttfb_ms=5, ttft_ms=30, stream_ms=20)
+    v = diagnose(run.data())
+    assert v["kind"] == "client_pool"
+    text = " ".join([v["summary"], *v["evidence"]])
+    assert "pool_wait p50 60.0 s = " in v["summary"] and "s ms" not in text, text

@@ -43,6 +43,12 @@ def fmt_ms(v: float | None, sep: str = "") -> str:
     return f"{v:.2f}"
 
 
+def fmt_dur(v: float | None) -> str:
+    """`fmt_ms` with its unit, for sentences: "153 ms", "51.4 s" (never "51.4s ms")."""
+    text = fmt_ms(v, sep=" ")
+    return text if text.endswith("s") or v is None else f"{text} ms"
+
+
 def histogram_of(values_ns: Iterable[int | None]) -> HdrHistogram:
     """A histogram of durations in ns (None values are absent, not zero)."""
     h = new_histogram()

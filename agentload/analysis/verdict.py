@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 from agentload.records import Record, phase_at, phase_ns
 from agentload.records.phases import SERVER_PHASES
 from agentload.analysis.passes import one_pass, order_key
-from agentload.analysis.stats import SparseHistogram, band_ranges, fmt_ms as _ms, pct_ms, percentiles_ms, quantile_ms
+from agentload.analysis.stats import SparseHistogram, band_ranges, fmt_dur as _dur, fmt_ms as _ms, pct_ms, percentiles_ms, quantile_ms
 from agentload.analysis.tallies import CanaryTally, FirstSeenCounts, SizeCounts, Spans
 from agentload.analysis.router import MIN_NAMED_BACKENDS, attribute, backend_evidence, router_inflight
 from agentload.analysis.target_evidence import router_evidence, target_evidence
@@ -452,8 +452,8 @@ def rule_client_saturated(f: Facts) -> Finding | None:
                   agents_affected=len(f.agents),
                   evidence=[lag_line + f"{f.n_samples} one-second samples; largest {f.max_lag:.0f} ms"])
     if te is not None:  # where the server stamps its sends: how late agentload itself saw the first tokens
-        fnd.evidence.append(f"first token seen - the server's own send stamp: p50 {_ms(te[50])} ms, p99 "
-                            f"{_ms(te[99])} ms over {f.acc.timing.get_total_count()} requests (agentload's "
+        fnd.evidence.append(f"first token seen - the server's own send stamp: p50 {_dur(te[50])}, p99 "
+                            f"{_dur(te[99])} over {f.acc.timing.get_total_count()} requests (agentload's "
                             f"own lateness, and whatever sits between it and the server)")
     return fnd
 
@@ -511,7 +511,7 @@ def canary_evidence(f: Facts, t0: int) -> list[str]:
     med = quantile_ms(ok_e2e, 50)
     quick = med is not None and med < f.after_s * 1000
     text = (f"canaries (fresh connection, short prompt) sent after the first stalled request: "
-            f"{ok}/{during} succeeded" + (f", median {_ms(med)} ms" if med is not None else ""))
+            f"{ok}/{during} succeeded" + (f", median {_dur(med)}" if med is not None else ""))
     if not ok:
         text += ": the server is not answering anyone"
     elif len(failed) * 2 > during:
@@ -619,13 +619,13 @@ def rule_client_pool(f: Facts) -> Finding | None:
     stopped = f.stopped_by(lambda r: r.stalled_phase == "pool_wait" or id(r) in timed_out)
     fnd = Finding(Kind.CLIENT_POOL,
                   f"client pool exhausted: requests waited for a free connection (limit {f.limit}): pool_wait p50 "
-                  f"{_ms(pw50)} ms = {_share(pw50, e50)} of e2e p50 {_ms(e50)} ms; {len(waited)} of {n} requests "
+                  f"{_dur(pw50)} = {_share(pw50, e50)} of e2e p50 {_dur(e50)}; {len(waited)} of {n} requests "
                   f"waited; the server was not the bottleneck",
                   "pool_wait", first_round, who_agents, len(stopped))
     ev = fnd.evidence
     ev.append(f"rule: pool_wait at least {POOL_WAIT_SHARE:.0%} of e2e at p50 or p90, p90 at least "
               f"{POOL_WAIT_MIN_MS:g} ms, and at least {POOL_WAITED_SHARE:.0%} of requests waited; here pool_wait "
-              f"p50 {_ms(pw50)} / p90 {_ms(pw90)} ms, e2e p50 {_ms(e50)} / p90 {_ms(e90)} ms, "
+              f"p50 {_dur(pw50)} / p90 {_dur(pw90)}, e2e p50 {_dur(e50)} / p90 {_dur(e90)}, "
               f"{len(waited)} of {n} requests waited")
     if f.pool_stalls:
         ev.append(f"{len(f.pool_stalls)} request(s) stalled in pool_wait (no connection for stall.after_s)")
@@ -644,7 +644,7 @@ def rule_client_pool(f: Facts) -> Finding | None:
         ev.append(f"in {leak} sample(s) more connections were in use than requests were using them: "
                   f"connections leaked (responses not read to the end or not released)")
     ttfb = pct_ms(f.acc.ttfb_ok, 50)
-    ev.append(f"once sent, the server answered: ttfb p50 {_ms(ttfb)} ms")
+    ev.append(f"once sent, the server answered: ttfb p50 {_dur(ttfb)}")
     return fnd
 
 
@@ -915,9 +915,9 @@ def healthy(f: Facts) -> dict[str, Any]:
     pw90 = f.pool_wait_ms[1]
     v = Finding(Kind.HEALTHY,
                 f"healthy: {f.fine} of {f.requests} requests completed without a stall over "
-                f"{f.acc.max_round} round(s); pool_wait p90 {_ms(pw90)} ms").to_dict()
+                f"{f.acc.max_round} round(s); pool_wait p90 {_dur(pw90)}").to_dict()
     if ft:
-        v["evidence"].append(f"request sent -> first token: p50 {_ms(p50)} ms, p99 {_ms(p99)} ms "
+        v["evidence"].append(f"request sent -> first token: p50 {_dur(p50)}, p99 {_dur(p99)} "
                              f"({ft} answers with a token)")
     empty = f.acc.no_token_finish  # fine answers with no token, by finish_reason
     if len(empty):

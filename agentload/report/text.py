@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentload.records import REPORT_PHASES
-from agentload.analysis.stats import fmt_ms
+from agentload.analysis.stats import fmt_dur as _dur, fmt_ms
 
 _PHASE_COLS = REPORT_PHASES
 
@@ -66,8 +66,7 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
         what = ("timing error vs the server's own send stamp (first token seen - sent)" if run.get("embedded_mock")
                 else "first token seen - the mock's own send stamp (whatever sits between them, a router or a "
                      "proxy, counts here, not only agentload's lateness)")
-        con.print(f"{what}: p50 {fmt_ms(te['p50_ms'])} "
-                  f"ms, p99 {fmt_ms(te['p99_ms'])} ms, max {fmt_ms(te['max_ms'])} ms over {te['n']} requests",
+        con.print(f"{what}: p50 {_dur(te['p50_ms'])}, p99 {_dur(te['p99_ms'])}, max {_dur(te['max_ms'])} over {te['n']} requests",
                   soft_wrap=True, markup=False)
     for url, st in (summary.get("target_metrics") or {}).items():
         con.print(f"target metrics {url}: {st['ok']} scrapes ok, {st['failed']} failed, {st['series']} series"
