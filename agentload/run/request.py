@@ -382,7 +382,7 @@ async def send(session: aiohttp.ClientSession, url: str, body: "bytes | Conversa
     try:
         if gate is None:
             return await _exchange(session, url, body, trace, headers, stream, id_header, None)
-        timeout = await gate.enter(trace, url)
+        timeout = None if gate.enter_now() else await gate.wait(trace, url)
         try:
             return await _exchange(session, url, body, trace, headers, stream, id_header, timeout)
         finally:

@@ -228,12 +228,17 @@ class PoolGate:
         self._queue = queue
         self._timeout = timeout
 
-    async def enter(self, tr: Trace, url: str) -> aiohttp.ClientTimeout | None:
-        """Take a place, waiting for one if none is free; then `leave()` exactly once. The request's
-        timeout with the wait taken off (None: it did not wait)."""
+    def enter_now(self) -> bool:
+        """Take a place if one is free (or the pool can serve at once): then `leave()` exactly once;
+        else `wait`. (Not a coroutine: the common case costs no coroutine per request.)"""
         if self.room > 0 or self._pool_can_serve():
             self.room -= 1
-            return None
+            return True
+        return False
+
+    async def wait(self, tr: Trace, url: str) -> aiohttp.ClientTimeout:
+        """Wait for a place (after `enter_now` said no); then `leave()` exactly once. The request's
+        timeout with the wait taken off."""
         t = tr.t
         _wait_begins(t)
         fut = asyncio.get_running_loop().create_future()
