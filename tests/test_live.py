@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from rich.console import Console
 
 from agentload.run.context import AgentState
-from agentload.run.dump import StallWaves, format_dump
+from agentload.run import dump
+from agentload.run.dump import StallWaves, format_dump, format_dump_sliced
 from agentload.run.exporter import LiveCollector
 from agentload.run.live import LiveLine, PlainLive, Rates, RichLive, plain_line, rich_view
 from agentload.run.snapshot import SnapshotFeed, scan
@@ -80,6 +81,38 @@ def test_dump_lists_every_agent_with_round_phase_time_request_and_connection():
     a1 = rows[1]
     assert a1[3] == "stream" and a1[7] == "new" and float(a1[5]) < float(a1[4])  # idle since the last token
     assert rows[2][2:4] == ["tool", "-"] and rows[3][2] == "done"
+
+
+async def test_a_stall_waves_dump_of_many_agents_lets_the_loop_run_between_slices():
+    # 10,000 agents: formatted DUMP_SLICE per loop step (in one step, 100,000 froze a run ~250 ms)
+    import asyncio
+
+    ctx = _ctx()
+    base = ctx.agent_states
+    ctx.agent_states = {a: AgentState(a, round=1, state="tool", rounds_completed=0) for a in range(4, 10_000)}
+    ctx.agent_states.update(base)
+    steps = 0
+
+    async def other_task():
+        nonlocal steps
+        while True:
+            steps += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(other_task())
+    await asyncio.sleep(0)
+    before = steps
+    text = await format_dump_sliced(ctx, "test")
+    ticker.cancel()
+    assert steps - before >= 10_000 // dump.DUMP_SLICE - 1  # the loop ran between slices
+    rows = [ln.split() for ln in text.splitlines() if ln.strip()[:1].isdigit()]
+    assert [int(r[0]) for r in rows] == list(range(10_000))  # every agent, in order
+    sync = format_dump(ctx, "test")  # the same text in one go (but for the clock's columns)
+    def cols(t):
+        return [ln.split()[:4] for ln in t.splitlines() if not ln.startswith("written")]
+
+    assert cols(sync) == cols(text)
+    assert "agents: done 1, request 2, tool 9997" in text and "stalled: 1 (round 3 ttfb 1)" in text
 
 
 def test_one_dump_per_stall_wave(tmp_path):

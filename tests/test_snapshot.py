@@ -230,19 +230,25 @@ def test_a_real_run_walks_the_registry_once_per_tick_and_every_watcher_shows_tha
 
     monkeypatch.setattr(Trace, "phase", phase)
     dump_walks = {"inflight": 0, "agents": 0}
-    real_write_dump = dump.write_dump
+    real_registries, real_sliced = dump._registries, dump.format_dump_sliced
 
-    def write_dump(ctx, *a, **k):  # the rare event that may walk: counted apart
+    def registries(ctx):  # the rare event that may walk (a stall wave's dump): counted apart
         before = ctx.inflight.walks, ctx.agent_states.walks
-        in_dump[0] = True
         try:
-            return real_write_dump(ctx, *a, **k)
+            return real_registries(ctx)
         finally:
-            in_dump[0] = False
             dump_walks["inflight"] += ctx.inflight.walks - before[0]
             dump_walks["agents"] += ctx.agent_states.walks - before[1]
 
-    monkeypatch.setattr(dump, "write_dump", write_dump)
+    async def format_dump_sliced(ctx, *a, **k):  # its phase reads too (it pauses: the ticks read none)
+        in_dump[0] = True
+        try:
+            return await real_sliced(ctx, *a, **k)
+        finally:
+            in_dump[0] = False
+
+    monkeypatch.setattr(dump, "_registries", registries)
+    monkeypatch.setattr(dump, "format_dump_sliced", format_dump_sliced)
 
     ticks = []
 
