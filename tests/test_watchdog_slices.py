@@ -340,3 +340,31 @@ def test_the_probe_still_sees_a_frozen_loop(loop_factory):
     anywhere, aligned, max_ms = _run(main(), loop_factory)
     assert anywhere >= 150 - 2  # (timers round to the loop's clock: a ms either way)
     assert aligned >= 300 - 2 and max_ms >= aligned
+
+
+def test_after_a_frozen_start_up_the_watchdog_keeps_the_young_generations_short(tmp_path, monkeypatch):
+    # A closed loop big enough to freeze its start-up (here 4 agents: the bar lowered) then has the
+    # young generations collected and frozen once a second: right after each pass they are empty,
+    # and the run's end gives the collector back as it was.
+    import gc
+
+    from agentload.mock import MockConfig, MockProcess
+    from agentload.run import runner
+    from helpers import run_scenario
+
+    monkeypatch.setattr(runner, "FREEZE_EVERY_AGENTS", 4)
+    passes = []
+
+    def pace():
+        runner_pace()
+        passes.append((len(gc.get_objects(0)), len(gc.get_objects(1))))
+
+    runner_pace = runner.pace_collector
+    monkeypatch.setattr(runner, "pace_collector", pace)
+    threshold = gc.get_threshold()
+    with MockProcess.start(MockConfig(base_latency_ms=200, decode_tokens_per_s=0, output_tokens=4)) as mock:
+        run_scenario("demo", tmp_path, [f'target.endpoint="{mock.url}"', "agents.count=8", "agents.rounds=12",
+                                        "conversation.tool_latency_ms=0", "canary.every_s=0"])
+    assert len(passes) >= 1
+    assert all(p == (0, 0) for p in passes), passes
+    assert gc.get_threshold() == threshold and gc.get_freeze_count() == 0

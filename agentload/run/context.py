@@ -78,6 +78,9 @@ class RunContext:
     finished: dict[str, int] = field(default_factory=dict)
     stopping: bool = False
     stop_reason: str | None = None
+    # the start-up froze the agents (a closed loop of FREEZE_EVERY_AGENTS or more): from then on the
+    # watchdog collects the young generations once a second and freezes what survived (`pace_collector`)
+    pace_collector: bool = False
     stop_event: asyncio.Event = field(default_factory=asyncio.Event)
     listeners: list[Callable[[Record], None]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=lambda: {"requests": 0, "ok": 0, "error": 0, "stalled": 0,
