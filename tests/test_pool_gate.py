@@ -46,6 +46,15 @@ async def _send(tr: Transport, trace: Trace):
         return rq.classify_exception(e)
 
 
+async def _arrive_in_order(tr: Transport, traces: list[Trace], gap_s: float = 0.005) -> list[asyncio.Task]:
+    """One send task per trace, `gap_s` apart: a known order of arrival."""
+    tasks = []
+    for t in traces:
+        tasks.append(asyncio.create_task(_send(tr, t)))
+        await asyncio.sleep(gap_s)
+    return tasks
+
+
 @pytest.fixture(scope="module")
 def slow_mock():
     with MockProcess.start(MockConfig(base_latency_ms=60, decode_tokens_per_s=0, output_tokens=4)) as m:
@@ -56,10 +65,7 @@ async def test_waiters_past_the_limit_queue_in_agentload_first_come_first_served
     tr = _transport(slow_mock.url)
     try:
         traces = [_trace(i) for i in range(6)]
-        tasks = []
-        for t in traces:
-            tasks.append(asyncio.create_task(_send(tr, t)))
-            await asyncio.sleep(0.005)  # a known order of arrival
+        tasks = await _arrive_in_order(tr, traces)
         await asyncio.sleep(0.02)
         pool = tr.pool_state()
         assert pool["gated"] == 4 and pool["waiters"] == 5 and pool["in_use"] == 1, pool
@@ -89,10 +95,7 @@ async def test_a_pool_timeout_in_agentloads_queue_is_a_pool_timeout_of_the_whole
         tr = _transport(m.url, pool_timeout_s=2.0)
         try:
             traces = [_trace(i) for i in range(4)]
-            tasks = []
-            for t in traces:
-                tasks.append(asyncio.create_task(_send(tr, t)))
-                await asyncio.sleep(0.02)
+            tasks = await _arrive_in_order(tr, traces, 0.02)
             results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
         finally:
             await tr.close()
@@ -107,10 +110,7 @@ async def test_a_cancelled_waiter_gives_its_place_back(slow_mock):
     tr = _transport(slow_mock.url)
     try:
         traces = [_trace(i) for i in range(5)]
-        tasks = []
-        for t in traces:
-            tasks.append(asyncio.create_task(_send(tr, t)))
-            await asyncio.sleep(0.005)
+        tasks = await _arrive_in_order(tr, traces)
         await asyncio.sleep(0.01)
         tasks[3].cancel()  # waiting in agentload's queue: given up
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
