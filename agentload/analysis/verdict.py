@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 from agentload.records import Record, phase_at, phase_ns
 from agentload.records.phases import SERVER_PHASES
 from agentload.analysis.passes import one_pass, order_key
-from agentload.analysis.stats import SparseHistogram, band_ranges, fmt_dur as _dur, fmt_ms as _ms, pct_ms, percentiles_ms, quantile_ms
+from agentload.analysis.stats import SparseHistogram, band_ranges, fmt_dur as _dur, pct_ms, percentiles_ms, quantile_ms
 from agentload.analysis.tallies import CanaryTally, FirstSeenCounts, SizeCounts, Spans
 from agentload.analysis.router import MIN_NAMED_BACKENDS, attribute, backend_evidence, router_inflight
 from agentload.analysis.target_evidence import router_evidence, target_evidence

@@ -398,7 +398,7 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | Con
     """`send`'s request and response, read to the end (`timeout`: the session's, unless given)."""
     t = trace.t
     async with session.post(url, data=body, headers=headers, trace_request_ctx=trace,
-                            **({} if timeout is None else {"timeout": timeout})) as resp:
+                            timeout=session.timeout if timeout is None else timeout) as resp:
         status = resp.status
         if "headers" not in t:  # (stamped by the on_request_end signal where TraceConfig stamps)
             t["headers"] = _now()

@@ -181,22 +181,18 @@ class QueuedBodies:
     wait is parked: kept compressed by its conversation until it is written (`Conversation.park`).
     Only bodies that can park are counted (a conversation's; canaries and raw bytes are not)."""
 
-    __slots__ = ("park_above", "queued_bytes", "parked", "parked_saved")
+    __slots__ = ("park_above", "queued_bytes", "parked")
 
     def __init__(self, park_above_bytes: float):
         self.park_above = park_above_bytes
         self.queued_bytes = 0
         self.parked = 0  # bodies parked so far
-        self.parked_saved = 0  # bytes freed by parking them (at the time each was parked)
 
     def enter(self, body: Any) -> int:
         size = body.size
         self.queued_bytes += size
-        if self.queued_bytes > self.park_above:
-            saved = body.park()
-            if saved:
-                self.parked += 1
-                self.parked_saved += saved
+        if self.queued_bytes > self.park_above and body.park():
+            self.parked += 1
         return size
 
     def leave(self, size: int) -> None:
@@ -271,11 +267,11 @@ class PoolGate:
             sock_read=tm.sock_read, sock_connect=tm.sock_connect, ceil_threshold=tm.ceil_threshold)
 
     def _pool_can_serve(self) -> bool:
-        """aiohttp would hand this request a connection without queueing it (its internals, as
-        `pool_state` reads them; if they are missing: no)."""
+        """aiohttp would hand this request a connection without queueing it: one is idle, or fewer
+        are in use than the limit (read as `pool_state` reads them; if they are missing: no)."""
         pool = self._pool
         try:
-            return bool(pool._conns) or len(pool._acquired) < pool._limit  # type: ignore[attr-defined]
+            return _pool_count(pool, "idle") > 0 or _pool_count(pool, "in_use") < pool.limit
         except (AttributeError, TypeError):
             return False
 
