@@ -517,3 +517,45 @@ def test_waits_of_seconds_are_written_in_seconds_not_seconds_ms():
     assert v["kind"] == "client_pool"
     text = " ".join([v["summary"], *v["evidence"]])
     assert "pool_wait p50 60.0 s = " in v["summary"] and "s ms" not in text, text
+
+
+# ------------------------------------------------------------------ the client as the bottleneck
+
+
+def _late_first_tokens(run: RunBuilder, late_ms: float) -> None:
+    """Every record's first token seen `late_ms` after the (embedded) mock stamped its send."""
+    for i, r in enumerate(run.records):
+        run.records[i] = dataclasses.replace(r, server_first_token_ns=r.t["first_token"] - int(late_ms * 1_000_000))
+
+
+def test_first_tokens_read_late_say_agentload_itself_was_the_bottleneck():
+    from agentload.analysis.summary import build_summary
+
+    def bound_warnings(run: RunBuilder) -> list[str]:
+        return [w for w in build_summary(run.data())["warnings"] if "agentload itself was a bottleneck" in w]
+
+    run = healthy_base()
+    run.meta["embedded_mock"] = True
+    _late_first_tokens(run, 0.3)
+    for _ in range(10):
+        run.sample(loop_lag_ms=2.0)
+    assert bound_warnings(run) == []
+    _late_first_tokens(run, 25.0)  # every first token read 25 ms after the mock sent it
+    (w,) = bound_warnings(run)
+    assert "p99 25" in w and "lag p50 2 ms over 10" in w, w
+    # the verdict itself stays the target's (here healthy): the warning is about the measurement
+    assert diagnose(run.data())["kind"] == "healthy"
+
+
+def test_a_loop_busy_in_most_samples_says_so_without_a_server_stamp():
+    from agentload.analysis.summary import build_summary
+
+    run = healthy_base()
+    for lag in (30.0,) * 6 + (1.0,) * 4:
+        run.sample(loop_lag_ms=lag)
+    (w,) = [w for w in build_summary(run.data())["warnings"] if "agentload itself was a bottleneck" in w]
+    assert "lagged 30 ms or more in half of 10" in w, w
+    run.samples.clear()
+    for lag in (30.0,) * 4 + (1.0,) * 6:  # busy in fewer than half: no such warning
+        run.sample(loop_lag_ms=lag)
+    assert not [w for w in build_summary(run.data())["warnings"] if "bottleneck" in w]

@@ -15,11 +15,14 @@ from agentload.analysis.router import RouterPass
 from agentload.analysis.verdict import FactsAccumulator, agent_outcomes, diagnose, is_server_error
 from agentload.records import Record
 from agentload.records.rundir import RunData
-from agentload.analysis.stats import RoundStats, SparseHistogram, percentiles_ms
+from agentload.analysis.stats import RoundStats, SparseHistogram, fmt_dur, percentiles_ms
 from agentload.analysis.target_evidence import router_warnings, scrape_summary
 
 MIN_SAMPLES_PER_ROUND = 10
 LOOP_LAG_WARN_MS = 50.0
+# agentload itself was the bottleneck when it saw the embedded mock's first tokens this late at
+# p99 (its loop busy from one read to the next), or its loop lagged this much in half the samples
+CLIENT_BOUND_MS = 10.0
 LATE_START_WARN_MS = 50.0
 
 
@@ -126,15 +129,20 @@ def warnings_for(data: RunData, sp: SummaryPass) -> list[str]:
                  f"covers run {m.get('run')} only (was the folder reused with --out?)")
     n_samples = n_lag = 0
     lag = m.get("max_loop_lag_ms", 0.0) or 0.0
+    lags: dict[int, int] = {}  # whole ms -> samples (bounded, whatever the run's length)
     for s in data.samples:  # one walk (streamed from disk)
         n_samples += 1
-        x = s.get("loop_lag_ms", 0.0)
+        x = s.get("loop_lag_ms", 0.0) or 0.0
         lag = max(lag, x)
         n_lag += x >= LOOP_LAG_WARN_MS
+        lags[int(x)] = lags.get(int(x), 0) + 1
     if lag >= LOOP_LAG_WARN_MS:
         w.append(f"agentload's event loop lagged up to {lag:.0f} ms"
                  + (f" (in {n_lag} of {n_samples} one-second samples)" if n_samples else "")
                  + ": its own timings may be late by that much")
+    bound = client_bound(sp, m, lags, n_samples)
+    if bound:
+        w.append(bound)
     # Per round, a thin p99 is marked in the tables themselves (`thin` in each round's entry);
     # only a run too small as a whole is worth a warning.
     completed = sum(c[1] for c in sp.rounds.counts.values())
@@ -144,6 +152,35 @@ def warnings_for(data: RunData, sp: SummaryPass) -> list[str]:
     seen = sum(1 for r in sp.facts.close().troubled if r.kind == "agent" and is_server_error(r.error))
     w.extend(router_warnings(data, seen))
     return w
+
+
+def _median_lag_ms(lags: dict[int, int], n: int) -> int:
+    seen = 0
+    for ms in sorted(lags):
+        seen += lags[ms]
+        if 2 * seen >= n:
+            return ms
+    return 0
+
+
+def client_bound(sp: SummaryPass, meta: dict[str, Any], lags: dict[int, int], n_samples: int) -> str | None:
+    """The warning that agentload itself, not the target, was a bottleneck (a busy event loop
+    reads every answer late, so every latency it took holds some of its own time): the embedded
+    mock stamps its sends, so its first tokens show the lateness directly; elsewhere, a loop that
+    lagged in most one-second samples says the same."""
+    median_lag = _median_lag_ms(lags, n_samples) if n_samples else 0
+    te = timing_error(sp) if meta.get("embedded_mock") else None
+    if te is not None and te["p99_ms"] >= CLIENT_BOUND_MS:
+        return (f"agentload itself was a bottleneck: it read the mock's first tokens p50 {fmt_dur(te['p50_ms'])}, "
+                f"p99 {fmt_dur(te['p99_ms'])} after the mock sent them (its event loop busy"
+                + (f", lag p50 {median_lag} ms over {n_samples} one-second samples" if n_samples else "")
+                + "): every latency here holds up to that much of agentload's own time; offer less load "
+                  "per process (fewer agents, a slower start) or use --workers")
+    if median_lag >= CLIENT_BOUND_MS:
+        return (f"agentload itself was a bottleneck: its event loop lagged {median_lag} ms or more in half of "
+                f"{n_samples} one-second samples, so it read answers late; offer less load per process "
+                f"(fewer agents, a slower start) or use --workers")
+    return None
 
 
 def timing_error(sp: SummaryPass) -> dict[str, Any] | None:
