@@ -83,6 +83,20 @@ class _GiveUp:
         self.task.cancel()
 
 
+def _drop_tracebacks(exc: BaseException | None) -> None:
+    """Let go of a failed request's tracebacks (the exception and its causes), once they are read.
+    A traceback holds the request's frames and, through them, its trace, stream reader and body;
+    aiohttp's reader holds the exception back: a reference cycle, which after the run's collector
+    froze the request's older objects (`runner.pace_collector`) no collection would ever free (a
+    soak of 12,000 agents with 20% of answers cut kept ~2 KB per failed request, 0.7 MB a second)."""
+    seen = 0
+    while exc is not None and seen < 16:
+        exc.__traceback__ = None
+        nxt = exc.__cause__ or exc.__context__
+        exc.__context__ = exc.__cause__ = None
+        exc, seen = nxt, seen + 1
+
+
 def _gave_up(ctx: "RunContext", trace: Trace) -> Result:
     return Result(None, None, "stall_give_up",
                   f"no progress in {trace.stalled_phase} for {ctx.scenario.stall.give_up_s:g}s")
@@ -98,20 +112,23 @@ async def attempt(ctx: "RunContext", session, trace: Trace,
         trace.id_sent = sent_request_id(trace.request_id, target.request_id_format)
     result: Result | None = None
     bug: BaseException | None = None
+    caught: BaseException | None = None
     task = _current_task()
     cancelling = task.cancelling()
     try:
         trace.timeout_cm = _GiveUp(task)
         result = await send(session, ctx.url, body, trace, id_header=id_header)
     except TimeoutError as e:
+        caught = e
         if trace.gave_up:
             task.uncancel()
             result = _gave_up(ctx, trace)
         else:
             err, msg = classify_exception(e)
             result = Result(None, None, err, msg)
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as e:
         if trace.gave_up and task.uncancel() <= cancelling:  # the watchdog's cancel, no one else's
+            caught = e
             result = _gave_up(ctx, trace)
         else:
             # The run is being torn down: keep what was measured, then let the cancel go on.
@@ -122,6 +139,7 @@ async def attempt(ctx: "RunContext", session, trace: Trace,
             ctx.inflight.pop(trace.request_id, None)
             raise
     except Exception as e:  # every failure becomes a record; nothing measured is lost
+        caught = e
         if trace.gave_up:  # (the give-up's cancel came out as something else)
             task.uncancel()
         err, msg = classify_exception(e)
@@ -145,6 +163,9 @@ async def attempt(ctx: "RunContext", session, trace: Trace,
     if bug is not None:
         ctx.record_crash(trace.kind, bug, agent=trace.agent if trace.kind == "agent" else None,
                          round=trace.round if trace.kind == "agent" else None, request_id=trace.request_id)
+    if caught is not None:
+        _drop_tracebacks(caught)
+        caught = bug = None
     return rec, result
 
 
