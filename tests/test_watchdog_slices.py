@@ -370,18 +370,22 @@ def test_after_a_frozen_start_up_the_watchdog_keeps_the_young_generations_short(
     assert gc.get_threshold() == threshold and gc.get_freeze_count() == 0
 
 
-def test_failed_requests_leave_nothing_in_the_frozen_generation(tmp_path, monkeypatch):
+def test_failed_requests_and_past_intervals_leave_nothing_in_the_frozen_generation(tmp_path, monkeypatch):
     # Once a second the paced collector freezes what is alive, the older objects of requests in
     # flight among them. A request that then fails makes a reference cycle (its exception's
     # traceback -> its frames -> aiohttp's reader -> the exception) through those frozen objects:
     # no collection examines frozen objects, so unless agentload lets go of the tracebacks such
-    # cycles stay until the run's end (a soak of hours kept ~2 KB per failed request). At the end
-    # of the run, everything frozen is unfrozen and collected, and nothing of a request may be
-    # among the garbage.
+    # cycles stay until the run's end (a soak of hours kept ~2 KB per failed request). So would the
+    # interval log's past histograms (hdrh's histogram and encoder refer to each other). At the end
+    # of the run, everything frozen is unfrozen and collected, and nothing of a request, nor any
+    # interval histogram, may be among the garbage.
     import gc
 
     from agentload.mock import MockConfig, MockProcess
+    from hdrh.histogram import HdrHistogram
+
     from agentload.records import Trace
+    from agentload.records.interval_log import IntervalLog
     from agentload.run import runner
     from helpers import run_scenario
 
@@ -390,7 +394,9 @@ def test_failed_requests_leave_nothing_in_the_frozen_generation(tmp_path, monkey
     runner_pace = runner.pace_collector
     monkeypatch.setattr(runner, "pace_collector", lambda: (runner_pace(), paces.append(1)))
     leaked: dict[str, int] = {}
+    histograms: list = []
     gc_for_run = runner.gc_for_run
+    monkeypatch.setattr(IntervalLog.__init__, "__defaults__", (0.5,))  # an interval every 0.5 s
 
     def watched_gc_for_run():
         restore = gc_for_run()
@@ -404,6 +410,8 @@ def test_failed_requests_leave_nothing_in_the_frozen_generation(tmp_path, monkey
                 for obj in gc.garbage:
                     if isinstance(obj, Trace):
                         leaked[obj.request_id] = 1
+                    elif isinstance(obj, HdrHistogram):  # the interval log's, one per tag and interval
+                        histograms.append(obj)
             finally:
                 gc.set_debug(0)
                 gc.garbage.clear()
@@ -422,3 +430,4 @@ def test_failed_requests_leave_nothing_in_the_frozen_generation(tmp_path, monkey
     assert res.summary["totals"]["errors"] >= 10, res.summary["totals"]
     ours = [rid for rid in leaked if rid.startswith(res.outcome.run_id + "-")]  # (not other tests' leftovers)
     assert not ours, f"{len(ours)} failed request(s) of the run left in the frozen generation"
+    assert not histograms, f"{len(histograms)} interval histogram(s) left in the frozen generation"

@@ -79,6 +79,10 @@ class IntervalLog:
             self.f.write(f"Tag={tag},")
             self.w.output_interval_histogram(h, start_ms / 1000.0 or 1e-9, end_ms / 1000.0, max_value_unit_ratio=1000.0)
             self.hists[tag] = new_histogram()  # (hdrh's reset() zeroes its 23,552 counts one by one: 10x the cost)
+            # hdrh's histogram and its encoder refer to each other: a cycle, which once the run's
+            # collector froze it (`runner.pace_collector`) would be freed only at the run's end;
+            # without the histogram's side of it, reference counts free both now
+            h.encoder = None
         self.f.flush()
         self.interval_start = now
         self.intervals += 1
