@@ -10,6 +10,8 @@ must still see a frozen loop.
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import time
 from types import SimpleNamespace
 
@@ -370,15 +372,15 @@ def test_after_a_frozen_start_up_the_watchdog_keeps_the_young_generations_short(
     assert gc.get_threshold() == threshold and gc.get_freeze_count() == 0
 
 
-def test_failed_requests_and_past_intervals_leave_nothing_in_the_frozen_generation(tmp_path, monkeypatch):
+def test_failed_requests_scrapes_and_past_intervals_leave_nothing_in_the_frozen_generation(tmp_path, monkeypatch):
     # Once a second the paced collector freezes what is alive, the older objects of requests in
     # flight among them. A request that then fails makes a reference cycle (its exception's
     # traceback -> its frames -> aiohttp's reader -> the exception) through those frozen objects:
     # no collection examines frozen objects, so unless agentload lets go of the tracebacks such
     # cycles stay until the run's end (a soak of hours kept ~2 KB per failed request). So would the
-    # interval log's past histograms (hdrh's histogram and encoder refer to each other). At the end
-    # of the run, everything frozen is unfrozen and collected, and nothing of a request, nor any
-    # interval histogram, may be among the garbage.
+    # interval log's past histograms (hdrh's histogram and encoder refer to each other) and failed
+    # scrapes of the target's metrics. At the end of the run, everything frozen is unfrozen and
+    # collected, and nothing of a request, an interval histogram or a scrape may be among the garbage.
     import gc
 
     from agentload.mock import MockConfig, MockProcess
@@ -395,6 +397,7 @@ def test_failed_requests_and_past_intervals_leave_nothing_in_the_frozen_generati
     monkeypatch.setattr(runner, "pace_collector", lambda: (runner_pace(), paces.append(1)))
     leaked: dict[str, int] = {}
     histograms: list = []
+    scrapes: list = []
     gc_for_run = runner.gc_for_run
     monkeypatch.setattr(IntervalLog.__init__, "__defaults__", (0.5,))  # an interval every 0.5 s
 
@@ -412,6 +415,9 @@ def test_failed_requests_and_past_intervals_leave_nothing_in_the_frozen_generati
                         leaked[obj.request_id] = 1
                     elif isinstance(obj, HdrHistogram):  # the interval log's, one per tag and interval
                         histograms.append(obj)
+                    elif type(obj).__name__ == "traceback" and obj.tb_frame.f_code.co_filename.endswith(
+                            os.path.join("run", "scraper.py")):  # a failed scrape's
+                        scrapes.append(obj)
             finally:
                 gc.set_debug(0)
                 gc.garbage.clear()
@@ -420,14 +426,20 @@ def test_failed_requests_and_past_intervals_leave_nothing_in_the_frozen_generati
 
     monkeypatch.setattr(runner, "gc_for_run", watched_gc_for_run)
     gc.collect()  # other tests' garbage, before the run's start-up freezes whatever exists
+    with socket.socket() as s:  # a port nothing listens on: every scrape of it fails
+        s.bind(("127.0.0.1", 0))
+        refused = s.getsockname()[1]
     with MockProcess.start(MockConfig(base_latency_ms=150, decode_tokens_per_s=100, output_tokens=30,
                                       drop_mid_stream_rate=0.5)) as mock:
         res = run_scenario("demo", tmp_path, [f'target.endpoint="{mock.url}"', "agents.count=8", "agents.rounds=5",
                                               "agents.restart=true", "agents.duration_s=4",
                                               "agents.error_retries=1000", "conversation.tool_latency_ms=0",
-                                              "canary.every_s=0"])
+                                              "canary.every_s=0", "target.metrics_every_s=0.2",
+                                              f'target.metrics_urls=["http://127.0.0.1:{refused}/metrics"]'])
     assert paces, "the paced collector never ran"
     assert res.summary["totals"]["errors"] >= 10, res.summary["totals"]
     ours = [rid for rid in leaked if rid.startswith(res.outcome.run_id + "-")]  # (not other tests' leftovers)
     assert not ours, f"{len(ours)} failed request(s) of the run left in the frozen generation"
     assert not histograms, f"{len(histograms)} interval histogram(s) left in the frozen generation"
+    assert res.summary["target_metrics"][f"http://127.0.0.1:{refused}/metrics"]["failed"] >= 5
+    assert not scrapes, f"{len(scrapes)} failed scrape(s)' tracebacks left in the frozen generation"

@@ -17,6 +17,7 @@ import itertools
 import time
 from typing import TYPE_CHECKING
 
+from agentload.errors import drop_tracebacks
 from agentload.run.context import AgentState
 from agentload.run.conversation import Conversation, agent_rng  # numpy Generator per agent
 from agentload.records import Record, Trace
@@ -81,20 +82,6 @@ class _GiveUp:
 
     def reschedule(self, when: float | None) -> None:
         self.task.cancel()
-
-
-def _drop_tracebacks(exc: BaseException | None) -> None:
-    """Let go of a failed request's tracebacks (the exception and its causes), once they are read.
-    A traceback holds the request's frames and, through them, its trace, stream reader and body;
-    aiohttp's reader holds the exception back: a reference cycle, which after the run's collector
-    froze the request's older objects (`runner.pace_collector`) no collection would ever free (a
-    soak of 12,000 agents with 20% of answers cut kept ~2 KB per failed request, 0.7 MB a second)."""
-    seen = 0
-    while exc is not None and seen < 16:
-        exc.__traceback__ = None
-        nxt = exc.__cause__ or exc.__context__
-        exc.__context__ = exc.__cause__ = None
-        exc, seen = nxt, seen + 1
 
 
 def _gave_up(ctx: "RunContext", trace: Trace) -> Result:
@@ -163,8 +150,8 @@ async def attempt(ctx: "RunContext", session, trace: Trace,
     if bug is not None:
         ctx.record_crash(trace.kind, bug, agent=trace.agent if trace.kind == "agent" else None,
                          round=trace.round if trace.kind == "agent" else None, request_id=trace.request_id)
-    if caught is not None:
-        _drop_tracebacks(caught)
+    if caught is not None:  # (the cycle it made: see drop_tracebacks)
+        drop_tracebacks(caught)
         caught = bug = None
     return rec, result
 

@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from agentload.errors import drop_tracebacks
 from agentload.redact import add_secret, redact
 
 _now = time.perf_counter_ns
@@ -114,6 +115,7 @@ class TargetScraper:
             if isinstance(e, (TimeoutError, asyncio.TimeoutError)):
                 msg = f"timeout after {self.timeout_s:g} s"
             self._write({"t": _now(), "t_start": t_start, "url": url, "error": msg})
+            drop_tracebacks(e)
             return
         self.ok[url] += 1
         prev = self.last[url]
