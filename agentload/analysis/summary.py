@@ -129,13 +129,13 @@ def warnings_for(data: RunData, sp: SummaryPass) -> list[str]:
                  f"covers run {m.get('run')} only (was the folder reused with --out?)")
     n_samples = n_lag = 0
     lag = m.get("max_loop_lag_ms", 0.0) or 0.0
-    lags: dict[int, int] = {}  # whole ms -> samples (bounded, whatever the run's length)
+    lags = SparseHistogram()  # the samples' lags (bounded, whatever the run's length)
     for s in data.samples:  # one walk (streamed from disk)
         n_samples += 1
         x = s.get("loop_lag_ms", 0.0) or 0.0
         lag = max(lag, x)
         n_lag += x >= LOOP_LAG_WARN_MS
-        lags[int(x)] = lags.get(int(x), 0) + 1
+        lags.record_ns(int(x * 1e6))
     if lag >= LOOP_LAG_WARN_MS:
         w.append(f"agentload's event loop lagged up to {lag:.0f} ms"
                  + (f" (in {n_lag} of {n_samples} one-second samples)" if n_samples else "")
@@ -154,21 +154,12 @@ def warnings_for(data: RunData, sp: SummaryPass) -> list[str]:
     return w
 
 
-def _median_lag_ms(lags: dict[int, int], n: int) -> int:
-    seen = 0
-    for ms in sorted(lags):
-        seen += lags[ms]
-        if 2 * seen >= n:
-            return ms
-    return 0
-
-
-def client_bound(sp: SummaryPass, meta: dict[str, Any], lags: dict[int, int], n_samples: int) -> str | None:
+def client_bound(sp: SummaryPass, meta: dict[str, Any], lags: SparseHistogram, n_samples: int) -> str | None:
     """The warning that agentload itself, not the target, was a bottleneck (a busy event loop
     reads every answer late, so every latency it took holds some of its own time): the embedded
     mock stamps its sends, so its first tokens show the lateness directly; elsewhere, a loop that
     lagged in most one-second samples says the same."""
-    median_lag = _median_lag_ms(lags, n_samples) if n_samples else 0
+    median_lag = round((percentiles_ms(lags, (50,)) or {50: 0.0})[50])
     te = timing_error(sp) if meta.get("embedded_mock") else None
     if te is not None and te["p99_ms"] >= CLIENT_BOUND_MS:
         return (f"agentload itself was a bottleneck: it read the mock's first tokens p50 {fmt_dur(te['p50_ms'])}, "
