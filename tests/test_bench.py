@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import shutil
 import subprocess
 import sys
 
@@ -63,3 +64,37 @@ def test_bench_reps_and_another_copy_of_the_code(tmp_path):
     assert all(len(r["reps_per_core"]) == 2 and r["requests"] == 2 * 2 for r in rows)
     assert (code / "agentload" / "run" / "IMPORTED").read_text() == "yes"
     assert not (REPO / "agentload" / "run" / "IMPORTED").exists()
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed")
+def test_callgrind_counts_a_request_of_each_client(tmp_path):
+    """bench.callgrind runs both clients under callgrind and prints per-request instruction counts:
+    a request costs each of them something between a few hundred thousand and tens of millions
+    of instructions (the interpreter's start-up, ~100 M, cancels out of the difference)."""
+    p = subprocess.run([sys.executable, "-m", "bench.callgrind", "--rows", "burst:4", "--rounds", "2,6",
+                        "--ttft-ms", "5", "--chunks", "4", "--no-cache-sim"],
+                       capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    rows = {}
+    for line in p.stdout.splitlines():
+        cells = line.split()
+        if cells[:2] == ["burst", "4"]:
+            rows[cells[2]] = int(cells[3].replace(",", ""))
+    assert set(rows) == {"baseline", "agentload"}, p.stdout
+    assert all(1e5 < v < 5e7 for v in rows.values()), p.stdout
+
+
+def test_callgrind_summary_and_per_request_arithmetic(tmp_path):
+    from bench.callgrind import per_request, read_summary
+
+    f = tmp_path / "callgrind.out"
+    f.write_text("version: 1\ncreator: callgrind-3.19.0\nevents: Ir I1mr D1mr D1mw ILmr DLmr DLmw Bc Bcm Bi Bim\n"
+                 "summary: 1000 10 20 30 1 2 3 50 4 6 5\n")
+    long = read_summary(f)
+    short = {k: v // 2 for k, v in long.items()}
+    d = per_request(short, long, 5)
+    assert d["Ir"] == 100 and d["D1"] == (10 + 15) / 5 and d["LL"] == (1 + 1 + 2) / 5
+    assert d["CEst"] == d["Ir"] + 10 * d["Bm"] + 10 * (d["I1mr"] + d["D1"]) + 100 * d["LL"]
+    (tmp_path / "empty.out").write_text("")
+    with pytest.raises(ValueError, match="no events/summary"):
+        read_summary(tmp_path / "empty.out")

@@ -1,0 +1,197 @@
+"""What a request costs in instructions and (simulated) cache misses, agentload against the raw loop.
+
+    python -m bench.callgrind                        # burst rows at 8 and 64 streams (about 10 minutes)
+    python -m bench.callgrind --rows burst:8 --no-cache-sim    # instructions only, faster
+
+Timings on a shared 2-core VM move by 10-30% from one minute to the next, and this VM has no
+hardware counters (`perf stat` says "not supported"). valgrind's callgrind counts the instructions a
+process executes, the same count for the same work whatever else the machine does, and with
+`--cache-sim` simulates its L1/last-level cache and branch predictor. Each client (the baseline of
+`bench/run.py` and agentload's run, without its report) runs under callgrind twice on the same
+server, for `R1` and `R2` rounds: the difference of the two counts, divided by the requests the longer
+run made more, is the cost of one request in the steady state, without start-up, imports and teardown.
+
+Per request it prints: instructions (Ir), L1 instruction-cache misses (I1), L1 data-cache misses
+(D1, reads and writes), last-level misses (LL), mispredicted branches (Bm), and kcachegrind's cycle
+estimate CEst = Ir + 10 Bm + 10 L1 misses + 100 LL misses (a model, not a measurement: it says where
+two clients that execute about as many instructions part ways). The agentload run's bodies grow round
+after round; the baseline is given the mean body agentload sends in rounds R1+1..R2.
+
+Under valgrind a client runs some 50-100x slower while the server does not, so more of each answer
+waits in the socket per read than in a native run: the counts are those of a busier client than the
+same row of `bench/run.py`. Needs `valgrind` (Debian's package); without it, it says so and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.run import Server, cpus, machine
+
+EVENTS_SIM = ("Ir", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw", "Bcm", "Bim")
+
+
+def read_summary(path: Path) -> dict[str, int]:
+    """The `events:` and `summary:` lines of a callgrind output file, as {event: count}."""
+    names: list[str] = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("events:"):
+            names = line.split()[1:]
+        elif line.startswith("summary:") and names:
+            return dict(zip(names, (int(v) for v in line.split()[1:])))
+    raise ValueError(f"{path}: no events/summary lines (not a callgrind output file?)")
+
+
+def per_request(short: dict[str, int], long: dict[str, int], requests: int) -> dict[str, float]:
+    """The counts of the requests the longer run made more, per request, and the derived sums."""
+    d = {k: (long[k] - short.get(k, 0)) / requests for k in long}
+    if "I1mr" in d:
+        d["D1"] = d["D1mr"] + d["D1mw"]
+        d["LL"] = d["ILmr"] + d["DLmr"] + d["DLmw"]
+        d["Bm"] = d["Bcm"] + d["Bim"]
+        d["CEst"] = d["Ir"] + 10 * d["Bm"] + 10 * (d["I1mr"] + d["D1"]) + 100 * d["LL"]
+    return d
+
+
+def mean_body_between(conc: int, r1: int, r2: int) -> int:
+    """The mean request body agentload sends in rounds r1+1..r2 (bench.toml's conversations)."""
+    from bench.agentload_client import mean_body_bytes
+
+    n1, n2 = r1 * min(conc, 8), r2 * min(conc, 8)  # mean_body_bytes samples min(conc, 8) agents
+    m1, m2 = mean_body_bytes(conc, r1, []), mean_body_bytes(conc, r2, [])
+    return round((m2 * n2 - m1 * n1) / (n2 - n1))
+
+
+def bare_agentload(url: str, conc: int, rounds: int) -> int:
+    """agentload's run as in bench/agentload_client.py, minus reading the records back and the
+    summary (their cost grows with the records, and would be counted as the requests'). Returns
+    the records written."""
+    from bench.agentload_client import SCENARIO, scenario_overrides
+    from agentload.run.runner import execute, use_uvloop
+    from agentload.run.scenario import load_scenario
+
+    sc = load_scenario(str(SCENARIO), scenario_overrides(url, conc, rounds, []))
+    use_uvloop()
+    with tempfile.TemporaryDirectory(prefix="agentload-callgrind-") as d:
+        out = Path(d) / "run"
+        asyncio.run(execute(sc, out, url, embedded_mock=False, install_signals=False))
+        with open(out / "records.jsonl", "rb") as f:
+            return sum(1 for _ in f)
+
+
+def _callgrind(cmd: list[str], out: Path, cpu: str | None, cache_sim: bool, timeout_s: float) -> dict[str, int]:
+    import subprocess
+
+    from bench.run import REPO, _env, _pinned
+
+    vg = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+    if cache_sim:
+        vg += ["--cache-sim=yes", "--branch-sim=yes"]
+    p = subprocess.run(_pinned(vg + cmd, cpu), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, env=_env(), cwd=REPO, timeout=timeout_s, check=False)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} under callgrind failed ({p.returncode}): "
+                           f"{p.stderr.decode(errors='replace')[-1500:]}")
+    return read_summary(out)
+
+
+def measure(mode: str, conc: int, r1: int, r2: int, cache_sim: bool, ttft_ms: float, chunks: int,
+            interval_ms: float) -> dict[str, dict[str, float]]:
+    """Both clients on one server: {client: per-request counts}."""
+    py = sys.executable
+    srv_cpu, cli_cpu = cpus()
+    body = mean_body_between(conc, r1, r2)
+    res: dict[str, dict[str, float]] = {}
+    budget = 600 + 60 * r2 * conc * (ttft_ms + chunks * interval_ms) / 1000.0
+    with tempfile.TemporaryDirectory(prefix="agentload-callgrind-") as tmp, \
+            Server(srv_cpu, ttft_ms, chunks, interval_ms) as srv:
+        for client in ("baseline", "agentload"):
+            counts = []
+            for rounds in (r1, r2):
+                if client == "baseline":
+                    cmd = [py, "-m", "bench.baseline", "--url", srv.url, "--concurrency", str(conc),
+                           "--requests", str(rounds), "--body-bytes", str(body),
+                           "--result", str(Path(tmp) / "result.json")]
+                else:
+                    cmd = [py, "-m", "bench.callgrind", "--bare-agentload", srv.url, str(conc), str(rounds)]
+                counts.append(_callgrind(cmd, Path(tmp) / f"{client}.{rounds}.out", cli_cpu, cache_sim, budget))
+            res[client] = per_request(counts[0], counts[1], conc * (r2 - r1))
+    return res
+
+
+def render(rows: list[tuple[str, int, str, dict[str, float]]]) -> str:
+    sim = "I1mr" in rows[0][3] if rows else False
+    head = ["mode", "conc", "client", "Ir/req"] + (["I1/req", "D1/req", "LL/req", "Bm/req", "CEst/req"] if sim else []) \
+        + ["Ir ratio"] + (["CEst ratio"] if sim else [])
+    lines = [head]
+    base: dict[tuple[str, int], dict[str, float]] = {}
+    for mode, conc, client, d in rows:
+        if client == "baseline":
+            base[(mode, conc)] = d
+        b = base.get((mode, conc))
+        cells = [mode, str(conc), client, f"{d['Ir']:,.0f}"]
+        if sim:
+            cells += [f"{d[k]:,.0f}" for k in ("I1mr", "D1", "LL", "Bm", "CEst")]
+        mine = b is not None and b is not d
+        # baseline / client: above 1.0 the client does the request with less (as ratio/core in bench.run)
+        cells.append(f"{b['Ir'] / d['Ir']:.2f}" if mine else "")
+        if sim:
+            cells.append(f"{b['CEst'] / d['CEst']:.2f}" if mine else "")
+        lines.append(cells)
+    widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
+    out = []
+    for k, r in enumerate(lines):
+        out.append("  ".join(c.ljust(w) if i in (0, 2) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        if k == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--bare-agentload"]:  # the child: python -m bench.callgrind --bare-agentload URL CONC ROUNDS
+        url, conc, rounds = argv[1], int(argv[2]), int(argv[3])
+        n = bare_agentload(url, conc, rounds)
+        return 0 if n == conc * rounds else f"agentload wrote {n} records, expected {conc * rounds}"  # type: ignore[return-value]
+    ap = argparse.ArgumentParser(prog="python -m bench.callgrind", description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", default="burst:8,burst:64",
+                    help="comma-separated mode:concurrency (mode paced or burst), default %(default)s")
+    ap.add_argument("--rounds", default="10,30", help="R1,R2: rounds of the short and the long run (%(default)s)")
+    ap.add_argument("--no-cache-sim", action="store_true", help="instructions only (about twice as fast)")
+    ap.add_argument("--ttft-ms", type=float, default=50.0)
+    ap.add_argument("--chunks", type=int, default=32)
+    ap.add_argument("--interval-ms", type=float, default=5.0, help="between chunks in the paced rows")
+    a = ap.parse_args(argv)
+    if shutil.which("valgrind") is None:
+        print("bench.callgrind: valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
+        return 2
+    try:
+        r1, r2 = (int(x) for x in a.rounds.split(","))
+        plan = [(m.strip(), int(c)) for m, c in (x.split(":") for x in a.rows.split(",") if x.strip())]
+    except ValueError:
+        print(f"bench.callgrind: --rounds R1,R2 (two whole numbers) and --rows mode:conc,... expected "
+              f"(got --rounds {a.rounds!r}, --rows {a.rows!r})", file=sys.stderr)
+        return 2
+    if not 0 < r1 < r2 or any(m not in ("paced", "burst") or c < 1 for m, c in plan):
+        print("bench.callgrind: need 0 < R1 < R2, modes paced or burst, concurrency >= 1", file=sys.stderr)
+        return 2
+    print(f"machine: {machine()}")
+    print(f"callgrind{' with cache and branch simulation' if not a.no_cache_sim else ''}; per request = "
+          f"(counts at {r2} rounds - counts at {r1} rounds) / (concurrency x {r2 - r1})", flush=True)
+    rows = []
+    for mode, conc in plan:
+        res = measure(mode, conc, r1, r2, not a.no_cache_sim, a.ttft_ms, a.chunks,
+                      a.interval_ms if mode == "paced" else 0.0)
+        rows += [(mode, conc, client, d) for client, d in res.items()]
+        print(f"  {mode} {conc}: done", flush=True)
+    print(render(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
