@@ -1,6 +1,6 @@
 """What a request costs in instructions and (simulated) cache misses, agentload against the raw loop.
 
-    python -m bench.callgrind                        # burst rows at 8 and 64 streams (about 10 minutes)
+    python -m bench.callgrind                        # burst rows at 8 and 64 streams (about 15 minutes)
     python -m bench.callgrind --rows burst:8 --no-cache-sim    # instructions only, faster
 
 Timings on a shared 2-core VM move by 10-30% from one minute to the next, and this VM has no
@@ -8,8 +8,17 @@ hardware counters (`perf stat` says "not supported"). valgrind's callgrind count
 process executes, the same count for the same work whatever else the machine does, and with
 `--cache-sim` simulates its L1/last-level cache and branch predictor. Each client (the baseline of
 `bench/run.py` and agentload's run, without its report) runs under callgrind twice on the same
-server, for `R1` and `R2` rounds: the difference of the two counts, divided by the requests the longer
-run made more, is the cost of one request in the steady state, without start-up, imports and teardown.
+server, for `R1` and `R2` rounds: the difference of the two counts is the cost of the requests the
+longer run made more, in the steady state, without start-up, imports and teardown.
+
+A run also does work by the clock, not by the request: agentload's watchdog, sampler and lag
+probe run every second (about 0.8 M instructions a second with 8 agents), and under valgrind a
+second holds far fewer requests than in a native run, so that work would be counted as the
+requests'. Each client therefore also runs twice against a second server that waits `--idle-ms`
+before its first token (1 and 2 rounds: a few requests and a long wait), and for every count the
+two differences (main: N requests in W seconds; idle: n requests in w seconds) are solved for a
+cost per request c and per second r (N c + W r, n c + w r): c is what the table shows, r the
+`Ir/s` column.
 
 Per request it prints: instructions (Ir), L1 instruction-cache misses (I1), L1 data-cache misses
 (D1, reads and writes), last-level misses (LL), mispredicted branches (Bm), and kcachegrind's cycle
@@ -49,7 +58,27 @@ def read_summary(path: Path) -> dict[str, int]:
 
 def per_request(short: dict[str, int], long: dict[str, int], requests: int) -> dict[str, float]:
     """The counts of the requests the longer run made more, per request, and the derived sums."""
-    d = {k: (long[k] - short.get(k, 0)) / requests for k in long}
+    return _derived({k: (long[k] - short.get(k, 0)) / requests for k in long})
+
+
+def split_clock(main: tuple[dict[str, int], dict[str, int], int, float],
+                idle: tuple[dict[str, int], dict[str, int], int, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """Per-request and per-second counts from two pairs of runs, each (short, long, extra requests,
+    extra seconds): for every event, D = requests x c + seconds x r in both pairs, solved for c and r."""
+    (s1, l1, n1, w1), (s2, l2, n2, w2) = main, idle
+    det = n1 * w2 - n2 * w1
+    if det <= 0:
+        raise ValueError(f"the idle pair must take longer per request than the main pair "
+                         f"(main {n1} requests in {w1:.1f} s, idle {n2} in {w2:.1f} s): raise --idle-ms")
+    c, r = {}, {}
+    for k in l1:
+        d1, d2 = l1[k] - s1.get(k, 0), l2.get(k, 0) - s2.get(k, 0)
+        c[k] = (d1 * w2 - d2 * w1) / det
+        r[k] = (n1 * d2 - n2 * d1) / det
+    return _derived(c), r
+
+
+def _derived(d: dict[str, float]) -> dict[str, float]:
     if "I1mr" in d:
         d["D1"] = d["D1mr"] + d["D1mw"]
         d["LL"] = d["ILmr"] + d["DLmr"] + d["DLmw"]
@@ -84,53 +113,69 @@ def bare_agentload(url: str, conc: int, rounds: int) -> int:
             return sum(1 for _ in f)
 
 
-def _callgrind(cmd: list[str], out: Path, cpu: str | None, cache_sim: bool, timeout_s: float) -> dict[str, int]:
+def _callgrind(cmd: list[str], out: Path, cpu: str | None, cache_sim: bool,
+               timeout_s: float) -> tuple[dict[str, int], float]:
+    """The counts of one run under callgrind, and its wall-clock seconds."""
     import subprocess
+    import time
 
     from bench.run import REPO, _env, _pinned
 
     vg = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
     if cache_sim:
         vg += ["--cache-sim=yes", "--branch-sim=yes"]
+    t0 = time.perf_counter()
     p = subprocess.run(_pinned(vg + cmd, cpu), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, env=_env(), cwd=REPO, timeout=timeout_s, check=False)
+    wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} under callgrind failed ({p.returncode}): "
                            f"{p.stderr.decode(errors='replace')[-1500:]}")
-    return read_summary(out)
+    return read_summary(out), wall
 
 
 def measure(mode: str, conc: int, r1: int, r2: int, cache_sim: bool, ttft_ms: float, chunks: int,
-            interval_ms: float) -> dict[str, dict[str, float]]:
-    """Both clients on one server: {client: per-request counts}."""
+            interval_ms: float, idle_ms: float) -> dict[str, tuple[dict[str, float], dict[str, float]]]:
+    """Both clients on one server (and on the idle one): {client: (per request, per second)}."""
     py = sys.executable
     srv_cpu, cli_cpu = cpus()
     body = mean_body_between(conc, r1, r2)
-    res: dict[str, dict[str, float]] = {}
-    budget = 600 + 60 * r2 * conc * (ttft_ms + chunks * interval_ms) / 1000.0
+    res: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
+    budget = 900 + 60 * r2 * conc * (ttft_ms + chunks * interval_ms) / 1000.0 + 4 * idle_ms / 1000.0
     with tempfile.TemporaryDirectory(prefix="agentload-callgrind-") as tmp, \
-            Server(srv_cpu, ttft_ms, chunks, interval_ms) as srv:
+            Server(srv_cpu, ttft_ms, chunks, interval_ms) as srv, \
+            Server(srv_cpu, max(idle_ms, 0.0), chunks, interval_ms) as idle_srv:
+        plan = [(srv, (r1, r2), "main")] + ([(idle_srv, (1, 2), "idle")] if idle_ms > 0 else [])
         for client in ("baseline", "agentload"):
-            counts = []
-            for rounds in (r1, r2):
-                if client == "baseline":
-                    cmd = [py, "-m", "bench.baseline", "--url", srv.url, "--concurrency", str(conc),
-                           "--requests", str(rounds), "--body-bytes", str(body),
-                           "--result", str(Path(tmp) / "result.json")]
-                else:
-                    cmd = [py, "-m", "bench.callgrind", "--bare-agentload", srv.url, str(conc), str(rounds)]
-                counts.append(_callgrind(cmd, Path(tmp) / f"{client}.{rounds}.out", cli_cpu, cache_sim, budget))
-            res[client] = per_request(counts[0], counts[1], conc * (r2 - r1))
+            pairs = []
+            for server, (a, b), tag in plan:
+                runs = []
+                for rounds in (a, b):
+                    if client == "baseline":
+                        cmd = [py, "-m", "bench.baseline", "--url", server.url, "--concurrency", str(conc),
+                               "--requests", str(rounds), "--body-bytes", str(body),
+                               "--result", str(Path(tmp) / "result.json")]
+                    else:
+                        cmd = [py, "-m", "bench.callgrind", "--bare-agentload", server.url, str(conc), str(rounds)]
+                    runs.append(_callgrind(cmd, Path(tmp) / f"{client}.{tag}.{rounds}.out", cli_cpu, cache_sim,
+                                           budget))
+                (short, w_short), (long, w_long) = runs
+                pairs.append((short, long, conc * (b - a), w_long - w_short))
+            if len(pairs) == 2:
+                res[client] = split_clock(pairs[0], pairs[1])
+            else:  # --idle-ms 0: the clock's share stays in the per-request figure
+                short, long, n, _ = pairs[0]
+                res[client] = (per_request(short, long, n), {})
     return res
 
 
-def render(rows: list[tuple[str, int, str, dict[str, float]]]) -> str:
+def render(rows: list[tuple[str, int, str, dict[str, float], dict[str, float]]]) -> str:
     sim = "I1mr" in rows[0][3] if rows else False
     head = ["mode", "conc", "client", "Ir/req"] + (["I1/req", "D1/req", "LL/req", "Bm/req", "CEst/req"] if sim else []) \
-        + ["Ir ratio"] + (["CEst ratio"] if sim else [])
+        + ["Ir ratio"] + (["CEst ratio"] if sim else []) + ["Ir/s"]
     lines = [head]
     base: dict[tuple[str, int], dict[str, float]] = {}
-    for mode, conc, client, d in rows:
+    for mode, conc, client, d, per_s in rows:
         if client == "baseline":
             base[(mode, conc)] = d
         b = base.get((mode, conc))
@@ -142,6 +187,7 @@ def render(rows: list[tuple[str, int, str, dict[str, float]]]) -> str:
         cells.append(f"{b['Ir'] / d['Ir']:.2f}" if mine else "")
         if sim:
             cells.append(f"{b['CEst'] / d['CEst']:.2f}" if mine else "")
+        cells.append(f"{per_s['Ir']:,.0f}" if per_s else "-")
         lines.append(cells)
     widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
     out = []
@@ -166,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttft-ms", type=float, default=50.0)
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--interval-ms", type=float, default=5.0, help="between chunks in the paced rows")
+    ap.add_argument("--idle-ms", type=float, default=10000.0,
+                    help="the idle server's time to the first token (%(default)s): the clock's share; "
+                         "0: not measured (faster; per-second work then counts in the per-request figures)")
     a = ap.parse_args(argv)
     if shutil.which("valgrind") is None:
         print("bench.callgrind: valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
@@ -181,13 +230,19 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.callgrind: need 0 < R1 < R2, modes paced or burst, concurrency >= 1", file=sys.stderr)
         return 2
     print(f"machine: {machine()}")
-    print(f"callgrind{' with cache and branch simulation' if not a.no_cache_sim else ''}; per request = "
-          f"(counts at {r2} rounds - counts at {r1} rounds) / (concurrency x {r2 - r1})", flush=True)
+    print(f"callgrind{' with cache and branch simulation' if not a.no_cache_sim else ''}; the counts of "
+          f"{r1} and {r2} rounds" + (f", and of 1 and 2 rounds against a server that waits {a.idle_ms:g} ms, "
+                                     f"split into per request (/req) and per second (/s)" if a.idle_ms > 0 else
+                                     f" (per request, the per-second work included: --idle-ms 0)"), flush=True)
     rows = []
     for mode, conc in plan:
-        res = measure(mode, conc, r1, r2, not a.no_cache_sim, a.ttft_ms, a.chunks,
-                      a.interval_ms if mode == "paced" else 0.0)
-        rows += [(mode, conc, client, d) for client, d in res.items()]
+        try:
+            res = measure(mode, conc, r1, r2, not a.no_cache_sim, a.ttft_ms, a.chunks,
+                          a.interval_ms if mode == "paced" else 0.0, a.idle_ms)
+        except ValueError as e:
+            print(f"bench.callgrind: {mode} {conc}: {e}", file=sys.stderr)
+            return 1
+        rows += [(mode, conc, client, per_req, per_s) for client, (per_req, per_s) in res.items()]
         print(f"  {mode} {conc}: done", flush=True)
     print(render(rows))
     return 0

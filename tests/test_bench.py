@@ -68,10 +68,12 @@ def test_bench_reps_and_another_copy_of_the_code(tmp_path):
 def test_callgrind_counts_a_request_of_each_client(tmp_path):
     """bench.callgrind runs both clients under callgrind and prints per-request instruction counts:
     a request costs each of them something between a few hundred thousand and tens of millions
-    of instructions (the interpreter's start-up, ~100 M, cancels out of the difference). Needs
+    of instructions (the interpreter's start-up, ~100 M, cancels out of the difference). The
+    split into per request and per second (`--idle-ms`, 4 more runs) is left to the arithmetic
+    test below, to keep this under a minute. Needs
     valgrind, which .ci/run installs; without it the command says so and this fails."""
     p = subprocess.run([sys.executable, "-m", "bench.callgrind", "--rows", "burst:4", "--rounds", "2,6",
-                        "--ttft-ms", "5", "--chunks", "4", "--no-cache-sim"],
+                        "--ttft-ms", "5", "--chunks", "4", "--no-cache-sim", "--idle-ms", "0"],
                        capture_output=True, text=True, timeout=600, cwd=REPO)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     rows = {}
@@ -94,6 +96,15 @@ def test_callgrind_summary_and_per_request_arithmetic(tmp_path):
     d = per_request(short, long, 5)
     assert d["Ir"] == 100 and d["D1"] == (10 + 15) / 5 and d["LL"] == (1 + 1 + 2) / 5
     assert d["CEst"] == d["Ir"] + 10 * d["Bm"] + 10 * (d["I1mr"] + d["D1"]) + 100 * d["LL"]
+    # two pairs of runs: 100 requests in 10 s and 10 requests in 20 s, at 50 instructions a request
+    # and 7 a second, are told apart
+    from bench.callgrind import split_clock
+
+    zero = {"Ir": 0}
+    c, r = split_clock((zero, {"Ir": 100 * 50 + 10 * 7}, 100, 10.0), (zero, {"Ir": 10 * 50 + 20 * 7}, 10, 20.0))
+    assert c["Ir"] == pytest.approx(50) and r["Ir"] == pytest.approx(7)
+    with pytest.raises(ValueError, match="idle pair"):
+        split_clock((zero, {"Ir": 1}, 10, 20.0), (zero, {"Ir": 1}, 100, 10.0))
     (tmp_path / "empty.out").write_text("")
     with pytest.raises(ValueError, match="no events/summary"):
         read_summary(tmp_path / "empty.out")
