@@ -42,9 +42,6 @@ from pathlib import Path
 
 from bench.run import Server, cpus, machine
 
-EVENTS_SIM = ("Ir", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw", "Bcm", "Bim")
-
-
 def read_summary(path: Path) -> dict[str, int]:
     """The `events:` and `summary:` lines of a callgrind output file, as {event: count}."""
     names: list[str] = []
