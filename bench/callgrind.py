@@ -12,7 +12,7 @@ server, for `R1` and `R2` rounds: the difference of the two counts is the cost o
 longer run made more, in the steady state, without start-up, imports and teardown.
 
 A run also does work by the clock, not by the request: agentload's watchdog, sampler and lag
-probe run every second (about 0.8 M instructions a second with 8 agents), and under valgrind a
+probe run every second (0.5-0.8 M instructions a second with 8 agents), and under valgrind a
 second holds far fewer requests than in a native run, so that work would be counted as the
 requests'. Each client therefore also runs twice against a second server that waits `--idle-ms`
 before its first token (1 and 2 rounds: a few requests and a long wait), and for every count the
@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 from bench.run import Server, cpus, machine
+
 
 def read_summary(path: Path) -> dict[str, int]:
     """The `events:` and `summary:` lines of a callgrind output file, as {event: count}."""
@@ -139,10 +141,11 @@ def measure(mode: str, conc: int, r1: int, r2: int, cache_sim: bool, ttft_ms: fl
     body = mean_body_between(conc, r1, r2)
     res: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
     budget = 900 + 60 * r2 * conc * (ttft_ms + chunks * interval_ms) / 1000.0 + 4 * idle_ms / 1000.0
-    with tempfile.TemporaryDirectory(prefix="agentload-callgrind-") as tmp, \
-            Server(srv_cpu, ttft_ms, chunks, interval_ms) as srv, \
-            Server(srv_cpu, max(idle_ms, 0.0), chunks, interval_ms) as idle_srv:
-        plan = [(srv, (r1, r2), "main")] + ([(idle_srv, (1, 2), "idle")] if idle_ms > 0 else [])
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="agentload-callgrind-"))
+        plan = [(stack.enter_context(Server(srv_cpu, ttft_ms, chunks, interval_ms)), (r1, r2), "main")]
+        if idle_ms > 0:
+            plan.append((stack.enter_context(Server(srv_cpu, idle_ms, chunks, interval_ms)), (1, 2), "idle"))
         for client in ("baseline", "agentload"):
             pairs = []
             for server, (a, b), tag in plan:
