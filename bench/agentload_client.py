@@ -37,8 +37,9 @@ def scenario_overrides(url: str | None, concurrency: int, rounds: int, extra: li
     return sets + list(extra)
 
 
-def mean_body_bytes(concurrency: int, rounds: int, extra: list[str]) -> int:
-    """The mean request body agentload will send (its conversations grow), for the baseline."""
+def mean_body_bytes(concurrency: int, rounds: int, extra: list[str], first_round: int = 1) -> int:
+    """The mean request body agentload will send in rounds first_round..rounds (its conversations
+    grow), for the baseline."""
     from agentload.run.agent import agent_rng
     from agentload.run.conversation import Conversation
     from agentload.run.scenario import load_scenario
@@ -48,7 +49,8 @@ def mean_body_bytes(concurrency: int, rounds: int, extra: list[str]) -> int:
     for agent in range(min(concurrency, 8)):
         conv = Conversation(sc.conversation, sc.target.model, agent_rng(sc.agents.seed, agent), agent)
         for rnd in range(1, rounds + 1):
-            sizes.append(len(conv.body()))
+            if rnd >= first_round:
+                sizes.append(len(conv.body()))
             assistant = conv.scripted_assistant(rnd)
             conv.append(assistant)
             for m in conv.tool_results(assistant):
@@ -85,16 +87,23 @@ def _load_window() -> dict[str, float]:
     return window
 
 
-def run(url: str, concurrency: int, rounds: int, out: Path, extra: list[str], workers: int = 1,
-        live: bool = False, label: str = "agentload") -> dict:
+def bench_scenario(url: str, concurrency: int, rounds: int, extra: list[str]):
+    """bench.toml with the row's settings, and uvloop as the run's loop."""
     from agentload.run.runner import use_uvloop
-    from agentload.records.rundir import load_run
-    from agentload.analysis.summary import build_summary
-    from agentload.run.runner import execute
     from agentload.run.scenario import load_scenario
 
     sc = load_scenario(str(SCENARIO), scenario_overrides(url, concurrency, rounds, extra))
     use_uvloop()
+    return sc
+
+
+def run(url: str, concurrency: int, rounds: int, out: Path, extra: list[str], workers: int = 1,
+        live: bool = False, label: str = "agentload") -> dict:
+    from agentload.records.rundir import load_run
+    from agentload.analysis.summary import build_summary
+    from agentload.run.runner import execute
+
+    sc = bench_scenario(url, concurrency, rounds, extra)
     cpu0 = _usage()
     t0 = time.perf_counter()
     if workers > 1:

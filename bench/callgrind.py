@@ -1,6 +1,6 @@
 """What a request costs in instructions and (simulated) cache misses, agentload against the raw loop.
 
-    python -m bench.callgrind                        # burst rows at 8 and 64 streams (about 15 minutes)
+    python -m bench.callgrind                        # burst rows at 8 and 64 streams (about 20 minutes)
     python -m bench.callgrind --rows burst:8 --no-cache-sim    # instructions only, faster
 
 Timings on a shared 2-core VM move by 10-30% from one minute to the next, and this VM has no
@@ -18,7 +18,9 @@ requests'. Each client therefore also runs twice against a second server that wa
 before its first token (1 and 2 rounds: a few requests and a long wait), and for every count the
 two differences (main: N requests in W seconds; idle: n requests in w seconds) are solved for a
 cost per request c and per second r (N c + W r, n c + w r): c is what the table shows, r the
-`Ir/s` column.
+`Ir/s` column. That takes an idle pair that is mostly waiting (its n requests, at the main pair's
+pace, at most a third of its w seconds); where it is not, the row keeps the plain difference, shows
+`-` for Ir/s and says so under the table.
 
 Per request it prints: instructions (Ir), L1 instruction-cache misses (I1), L1 data-cache misses
 (D1, reads and writes), last-level misses (LL), mispredicted branches (Bm), and kcachegrind's cycle
@@ -40,6 +42,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from bench.run import Server, cpus, machine
 
@@ -77,6 +80,14 @@ def split_clock(main: tuple[dict[str, int], dict[str, int], int, float],
     return _derived(c), r
 
 
+def clock_separable(main: tuple[Any, Any, int, float], idle: tuple[Any, Any, int, float]) -> bool:
+    """Can the idle pair tell the clock's share apart? Only if its requests, at the main pair's
+    pace, take at most a third of its time: otherwise both pairs are mostly requests, and the noise
+    of a few per cent in either count comes out as a per-second cost of any size or sign."""
+    (_, _, n1, w1), (_, _, n2, w2) = main, idle
+    return 3 * n2 * w1 <= n1 * w2
+
+
 def _derived(d: dict[str, float]) -> dict[str, float]:
     if "I1mr" in d:
         d["D1"] = d["D1mr"] + d["D1mw"]
@@ -86,25 +97,14 @@ def _derived(d: dict[str, float]) -> dict[str, float]:
     return d
 
 
-def mean_body_between(conc: int, r1: int, r2: int) -> int:
-    """The mean request body agentload sends in rounds r1+1..r2 (bench.toml's conversations)."""
-    from bench.agentload_client import mean_body_bytes
-
-    n1, n2 = r1 * min(conc, 8), r2 * min(conc, 8)  # mean_body_bytes samples min(conc, 8) agents
-    m1, m2 = mean_body_bytes(conc, r1, []), mean_body_bytes(conc, r2, [])
-    return round((m2 * n2 - m1 * n1) / (n2 - n1))
-
-
 def bare_agentload(url: str, conc: int, rounds: int) -> int:
-    """agentload's run as in bench/agentload_client.py, minus reading the records back and the
-    summary (their cost grows with the records, and would be counted as the requests'). Returns
-    the records written."""
-    from bench.agentload_client import SCENARIO, scenario_overrides
-    from agentload.run.runner import execute, use_uvloop
-    from agentload.run.scenario import load_scenario
+    """agentload's run as bench/agentload_client.py makes it, minus reading the records back and
+    the summary (their cost grows with the records, and would be counted as the requests').
+    Returns the records written."""
+    from bench.agentload_client import bench_scenario
+    from agentload.run.runner import execute
 
-    sc = load_scenario(str(SCENARIO), scenario_overrides(url, conc, rounds, []))
-    use_uvloop()
+    sc = bench_scenario(url, conc, rounds, [])
     with tempfile.TemporaryDirectory(prefix="agentload-callgrind-") as d:
         out = Path(d) / "run"
         asyncio.run(execute(sc, out, url, embedded_mock=False, install_signals=False))
@@ -134,11 +134,15 @@ def _callgrind(cmd: list[str], out: Path, cpu: str | None, cache_sim: bool,
 
 
 def measure(mode: str, conc: int, r1: int, r2: int, cache_sim: bool, ttft_ms: float, chunks: int,
-            interval_ms: float, idle_ms: float) -> dict[str, tuple[dict[str, float], dict[str, float]]]:
-    """Both clients on one server (and on the idle one): {client: (per request, per second)}."""
+            interval_ms: float, idle_ms: float,
+            notes: list[str]) -> dict[str, tuple[dict[str, float], dict[str, float]]]:
+    """Both clients on one server (and on the idle one): {client: (per request, per second)};
+    where the clock's share could not be told apart, a line in `notes`."""
     py = sys.executable
     srv_cpu, cli_cpu = cpus()
-    body = mean_body_between(conc, r1, r2)
+    from bench.agentload_client import mean_body_bytes
+
+    body = mean_body_bytes(conc, r2, [], first_round=r1 + 1)
     res: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
     budget = 900 + 60 * r2 * conc * (ttft_ms + chunks * interval_ms) / 1000.0 + 4 * idle_ms / 1000.0
     with contextlib.ExitStack() as stack:
@@ -161,9 +165,13 @@ def measure(mode: str, conc: int, r1: int, r2: int, cache_sim: bool, ttft_ms: fl
                                            budget))
                 (short, w_short), (long, w_long) = runs
                 pairs.append((short, long, conc * (b - a), w_long - w_short))
-            if len(pairs) == 2:
+            if len(pairs) == 2 and clock_separable(pairs[0], pairs[1]):
                 res[client] = split_clock(pairs[0], pairs[1])
-            else:  # --idle-ms 0: the clock's share stays in the per-request figure
+            else:  # the clock's share stays in the per-request figure (Ir/s: "-")
+                if len(pairs) == 2:
+                    notes.append(f"{mode} {conc} {client}: the idle pair ({pairs[1][2]} requests in "
+                                 f"{pairs[1][3]:.0f} s) could not separate the per-second work from "
+                                 f"{pairs[0][2]} requests in {pairs[0][3]:.0f} s; raise --idle-ms")
                 short, long, n, _ = pairs[0]
                 res[client] = (per_request(short, long, n), {})
     return res
@@ -203,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--bare-agentload"]:  # the child: python -m bench.callgrind --bare-agentload URL CONC ROUNDS
         url, conc, rounds = argv[1], int(argv[2]), int(argv[3])
         n = bare_agentload(url, conc, rounds)
-        return 0 if n == conc * rounds else f"agentload wrote {n} records, expected {conc * rounds}"  # type: ignore[return-value]
+        if n != conc * rounds:
+            raise SystemExit(f"agentload wrote {n} records, expected {conc * rounds}")
+        return 0
     ap = argparse.ArgumentParser(prog="python -m bench.callgrind", description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="burst:8,burst:64",
                     help="comma-separated mode:concurrency (mode paced or burst), default %(default)s")
@@ -212,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttft-ms", type=float, default=50.0)
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--interval-ms", type=float, default=5.0, help="between chunks in the paced rows")
-    ap.add_argument("--idle-ms", type=float, default=10000.0,
+    ap.add_argument("--idle-ms", type=float, default=30000.0,
                     help="the idle server's time to the first token (%(default)s): the clock's share; "
                          "0: not measured (faster; per-second work then counts in the per-request figures)")
     a = ap.parse_args(argv)
@@ -235,16 +245,19 @@ def main(argv: list[str] | None = None) -> int:
                                      f"split into per request (/req) and per second (/s)" if a.idle_ms > 0 else
                                      f" (per request, the per-second work included: --idle-ms 0)"), flush=True)
     rows = []
+    notes: list[str] = []
     for mode, conc in plan:
         try:
             res = measure(mode, conc, r1, r2, not a.no_cache_sim, a.ttft_ms, a.chunks,
-                          a.interval_ms if mode == "paced" else 0.0, a.idle_ms)
+                          a.interval_ms if mode == "paced" else 0.0, a.idle_ms, notes)
         except ValueError as e:
             print(f"bench.callgrind: {mode} {conc}: {e}", file=sys.stderr)
             return 1
         rows += [(mode, conc, client, per_req, per_s) for client, (per_req, per_s) in res.items()]
         print(f"  {mode} {conc}: done", flush=True)
     print(render(rows))
+    for line in notes:
+        print("note: " + line)
     return 0
 
 

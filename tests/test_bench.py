@@ -103,6 +103,10 @@ def test_callgrind_summary_and_per_request_arithmetic(tmp_path):
     zero = {"Ir": 0}
     c, r = split_clock((zero, {"Ir": 100 * 50 + 10 * 7}, 100, 10.0), (zero, {"Ir": 10 * 50 + 20 * 7}, 10, 20.0))
     assert c["Ir"] == pytest.approx(50) and r["Ir"] == pytest.approx(7)
+    from bench.callgrind import clock_separable
+
+    assert clock_separable((zero, zero, 100, 10.0), (zero, zero, 10, 20.0))  # 10 requests: 1 s of 20
+    assert not clock_separable((zero, zero, 100, 10.0), (zero, zero, 10, 2.5))  # 1 s of 2.5
     with pytest.raises(ValueError, match="idle pair"):
         split_clock((zero, {"Ir": 1}, 10, 20.0), (zero, {"Ir": 1}, 100, 10.0))
     (tmp_path / "empty.out").write_text("")
