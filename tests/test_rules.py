@@ -102,6 +102,12 @@ def test_sustained_loop_lag_is_client_saturated_but_a_spike_is_not():
         run.sample(loop_lag_ms=5.0)
     v = diagnose(run.data())
     assert v["kind"] == "client_saturated" and "350 ms" in v["evidence"][0]
+    # the verdict says it already: no second "agentload itself was a bottleneck" warning
+    from agentload.analysis.summary import build_summary
+
+    summary = build_summary(run.data())
+    assert summary["verdict"]["kind"] == "client_saturated"
+    assert not [w for w in summary["warnings"] if "agentload itself was a bottleneck" in w], summary["warnings"]
 
 
 # ------------------------------------------------------------------ server_stall / server_slow

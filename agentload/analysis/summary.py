@@ -113,7 +113,7 @@ def _start_lateness(sp: SummaryPass) -> dict[str, float] | None:
     return {"n": sp.late_n, "p50": pct[50], "p99": pct[99], "max": pct[100]}
 
 
-def warnings_for(data: RunData, sp: SummaryPass) -> list[str]:
+def warnings_for(data: RunData, sp: SummaryPass, verdict: dict[str, Any] | None = None) -> list[str]:
     w = []
     m = data.meta
     if not m.get("ended", False):
@@ -140,7 +140,10 @@ def warnings_for(data: RunData, sp: SummaryPass) -> list[str]:
         w.append(f"agentload's event loop lagged up to {lag:.0f} ms"
                  + (f" (in {n_lag} of {n_samples} one-second samples)" if n_samples else "")
                  + ": its own timings may be late by that much")
-    bound = client_bound(sp, m, lags, n_samples)
+    # (a verdict or secondary finding of client_saturated already says it, with its evidence)
+    saturated = verdict is not None and "client_saturated" in (
+        [verdict.get("kind")] + [x.get("kind") for x in verdict.get("secondary") or ()])
+    bound = None if saturated else client_bound(sp, m, lags, n_samples)
     if bound:
         w.append(bound)
     # Per round, a thin p99 is marked in the tables themselves (`thin` in each round's entry);
@@ -206,9 +209,10 @@ def build_summary(data: RunData, sp: SummaryPass | None = None) -> dict[str, Any
     rs = sp.rounds
     overall, own = rs.overall, rs.rounds
     agents = agent_outcomes(data, sp.facts)
+    verdict = diagnose(data, sp.facts)
     summary: dict[str, Any] = {
         "run": run_section(data, sp),
-        "verdict": diagnose(data, sp.facts),
+        "verdict": verdict,
         "totals": {
             "agents": len(agents),
             **overall.counts(),
@@ -226,7 +230,7 @@ def build_summary(data: RunData, sp: SummaryPass | None = None) -> dict[str, Any
             for rnd, c in sorted(rs.counts.items())
         ],
         "agents": agents,
-        "warnings": warnings_for(data, sp),
+        "warnings": warnings_for(data, sp, verdict),
     }
     bands = rs.bands()
     if bands is not None:  # what the tables show of a long run
