@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+import os
+import shutil
 import subprocess
 import sys
 
@@ -70,8 +72,12 @@ def test_callgrind_counts_a_request_of_each_client(tmp_path):
     a request costs each of them something between a few hundred thousand and tens of millions
     of instructions (the interpreter's start-up, ~100 M, cancels out of the difference). The
     split into per request and per second (`--idle-ms`, 4 more runs) is left to the arithmetic
-    test below, to keep this under a minute. Needs
-    valgrind, which .ci/run installs; without it the command says so and this fails."""
+    test below, to keep this under a minute. Needs valgrind, which .ci/run installs: without it,
+    skipped locally and failed under CI (as the llama.cpp tier)."""
+    if shutil.which("valgrind") is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run bench.callgrind's test, not skip it: valgrind is not installed", pytrace=False)
+        pytest.skip("valgrind is not installed (Debian's package; bash .ci/run installs it)")
     p = subprocess.run([sys.executable, "-m", "bench.callgrind", "--rows", "burst:4", "--rounds", "2,6",
                         "--ttft-ms", "5", "--chunks", "4", "--no-cache-sim", "--idle-ms", "0"],
                        capture_output=True, text=True, timeout=600, cwd=REPO)
