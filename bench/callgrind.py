@@ -1,6 +1,6 @@
 """What a request costs in instructions and (simulated) cache misses, agentload against the raw loop.
 
-    python -m bench.callgrind                        # burst rows at 8 and 64 streams (about 20 minutes)
+    python -m bench.callgrind                        # burst rows at 8 and 64 streams (about 30 minutes)
     python -m bench.callgrind --rows burst:8 --no-cache-sim    # instructions only, faster
 
 Timings on a shared 2-core VM move by 10-30% from one minute to the next, and this VM has no
@@ -12,7 +12,7 @@ server, for `R1` and `R2` rounds: the difference of the two counts is the cost o
 longer run made more, in the steady state, without start-up, imports and teardown.
 
 A run also does work by the clock, not by the request: agentload's watchdog, sampler and lag
-probe run every second (0.5-0.8 M instructions a second with 8 agents), and under valgrind a
+probe run every second (0.6-0.7 M instructions a second with 8 or 64 agents), and under valgrind a
 second holds far fewer requests than in a native run, so that work would be counted as the
 requests'. Each client therefore also runs twice against a second server that waits `--idle-ms`
 before its first token (1 and 2 rounds: a few requests and a long wait), and for every count the
