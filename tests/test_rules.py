@@ -168,6 +168,20 @@ def test_pool_wait_from_the_records_names_the_pool_without_any_sampler_waiters()
     assert any("sampler caught no waiters" in e for e in v["evidence"])
 
 
+def test_a_queue_that_only_some_requests_meet_is_quoted_at_p90_not_at_a_p50_of_zero():
+    # A router soak: a quarter of the requests waited 200 ms, the rest none: p50 is 0, which in the
+    # headline would read as "no queue" next to "20 of 80 requests waited".
+    run = RunBuilder(agents=8, rounds=10, limit=6)
+    for rnd in range(1, 11):
+        for a in range(8):
+            run.ok(a, rnd, pool_wait_ms=200 if a < 2 else 0, ttfb_ms=5, ttft_ms=30, stream_ms=20)
+    v = diagnose(run.data())
+    assert v["kind"] == "client_pool", v
+    assert "pool_wait p90 200 ms" in v["summary"] and "of e2e p90" in v["summary"], v["summary"]
+    assert "p50 0" not in v["summary"] and "20 of 80 requests waited" in v["summary"]
+    assert any("pool_wait p50 0" in e for e in v["evidence"])  # both still in the rule's evidence
+
+
 def test_short_pool_waits_are_healthy():
     run = RunBuilder(agents=8, rounds=2)
     for a in range(8):
