@@ -225,11 +225,42 @@ async def test_a_connection_that_fails_leaves_the_request_in_connect():
     assert transport.current_trace.get() is None  # the task lets go of the trace once the request is over
 
 
+async def test_a_body_write_that_failed_is_not_sent_on_the_direct_path(monkeypatch):
+    """The kernel refuses the request (its socket's write side shut down once the connection is
+    made: the write fails with EPIPE, as on a connection reset under it), on the direct path
+    against the real mock: no `sent` stamp, the request fails in `send`, which is not the server's
+    phase, and the broken connection is not handed back to the pool."""
+    import socket
+
+    connect = transport._TracedConnector.connect
+    pools = []
+
+    async def broken(self, req, traces, timeout):
+        conn = await connect(self, req, traces, timeout)
+        conn.transport.get_extra_info("socket").shutdown(socket.SHUT_WR)
+        pools.append(self)
+        return conn
+
+    monkeypatch.setattr(transport._TracedConnector, "connect", broken)
+    with MockProcess.start(MockConfig(base_latency_ms=1, decode_tokens_per_s=0, output_tokens=4)) as m:
+        tr = Transport(ClientConfig(read_timeout_s=5, total_timeout_s=10), TargetConfig(), m.url)
+        assert tr.direct
+        trace = Trace("agent", 0, 1, 0, "t-refused-write", 1, len(PLAIN), 10)
+        try:
+            with pytest.raises(aiohttp.ClientOSError, match="Can not write request"):
+                await asyncio.wait_for(rq.send(tr.session_for(0), tr.url, PLAIN, trace), 10)
+            assert tr.pool_state()["idle"] == 0 and tr.pool_state()["in_use"] == 0
+        finally:
+            await tr.close()
+    assert pools and "conn_end" in trace.t and "sent" not in trace.t and "headers" not in trace.t
+    assert trace.phase() == "send"
+
+
 async def test_a_body_write_that_failed_is_not_sent(monkeypatch):
     """The socket refuses the body (the error a write to a reset connection gives, injected into
-    aiohttp's body write against the real mock). aiohttp does not raise a failed write: it leaves
-    it on the connection and returns, so `sent` must not be stamped from that return: the request
-    failed in `send`, which is not the server's phase."""
+    aiohttp's body write against the real mock), on the `session.post` path. aiohttp does not raise
+    a failed write: it leaves it on the connection and returns, so `sent` must not be stamped from
+    that return: the request failed in `send`, which is not the server's phase."""
     from aiohttp.payload import BytesPayload
 
     async def refused(self, writer, content_length=None):
@@ -238,6 +269,7 @@ async def test_a_body_write_that_failed_is_not_sent(monkeypatch):
     monkeypatch.setattr(BytesPayload, "write_with_length", refused)
     with MockProcess.start(MockConfig(base_latency_ms=1, decode_tokens_per_s=0, output_tokens=4)) as m:
         tr = Transport(ClientConfig(read_timeout_s=5, total_timeout_s=10), TargetConfig(), m.url)
+        tr.direct = False  # (before its first pool is made)
         trace = Trace("agent", 0, 1, 0, "t-refused-body", 1, len(PLAIN), 10)
         try:
             with pytest.raises(aiohttp.ClientOSError, match="Can not write request body"):

@@ -32,7 +32,7 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from hashlib import sha1 as _sha1
 
 import aiohttp
@@ -48,6 +48,7 @@ from agentload.run.transport import current_trace
 
 if TYPE_CHECKING:
     from agentload.run.conversation import Conversation
+    from agentload.run.direct import DirectPost
 
 _now = time.perf_counter_ns
 _ERROR_BODY_LIMIT = 300
@@ -378,13 +379,17 @@ async def send(session: aiohttp.ClientSession, url: str, body: "bytes | Conversa
     token = current_trace.set(trace)
     if body.__class__ is not bytes:  # a body the transport may park while the request waits for the pool
         trace.body = body
-    gate = getattr(session.connector, "gate", None)  # agentload's queue in front of the pool, if any
+    connector = session.connector
+    gate = getattr(connector, "gate", None)  # agentload's queue in front of the pool, if any
+    direct = getattr(connector, "direct", None)  # the pool's DirectPost, if the transport made one
+    if direct is not None and direct.url != url:
+        direct = None
     try:
         if gate is None:
-            return await _exchange(session, url, body, trace, headers, stream, id_header, None)
+            return await _exchange(session, url, body, trace, headers, stream, id_header, None, direct)
         timeout = None if gate.enter_now() else await gate.wait(trace, url)
         try:
-            return await _exchange(session, url, body, trace, headers, stream, id_header, timeout)
+            return await _exchange(session, url, body, trace, headers, stream, id_header, timeout, direct)
         finally:
             gate.leave()
     finally:
@@ -394,11 +399,16 @@ async def send(session: aiohttp.ClientSession, url: str, body: "bytes | Conversa
 
 async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | ConversationBody", trace: Trace,
                     headers: dict[str, str], stream: bool | None, id_header: str | None,
-                    timeout: aiohttp.ClientTimeout | None) -> Result:
-    """`send`'s request and response, read to the end (`timeout`: the session's, unless given)."""
+                    timeout: aiohttp.ClientTimeout | None, direct: "DirectPost | None" = None) -> Result:
+    """`send`'s request and response, read to the end (`timeout`: the session's, unless given; `direct`:
+    sent through it, else through `session.post`)."""
     t = trace.t
-    async with session.post(url, data=body, headers=headers, trace_request_ctx=trace,
-                            timeout=session.timeout if timeout is None else timeout) as resp:
+    tm = session.timeout if timeout is None else timeout
+    if direct is not None:
+        cm: Any = direct.post(body, headers, trace, tm)
+    else:
+        cm = session.post(url, data=body, headers=headers, trace_request_ctx=trace, timeout=tm)
+    async with cm as resp:
         status = resp.status
         if "headers" not in t:  # (stamped by the on_request_end signal where TraceConfig stamps)
             t["headers"] = _now()

@@ -38,6 +38,8 @@ from agentload.errors import UserError
 from agentload.records import Trace
 from agentload.redact import env_secrets, register_target, secret_field
 from agentload.run import body_sink
+from agentload.run.direct import DirectPost
+from agentload.run.direct import missing_hooks as direct_missing_hooks
 from agentload.run.scenario import ClientConfig, TargetConfig
 
 _now = time.perf_counter_ns
@@ -61,6 +63,15 @@ def check_read_path() -> bool:
     if missing:
         _warn_once("read", f"missing {', '.join(missing)}: reading response bodies with readany() "
                            "(the public path) instead of the sink path")
+    return not missing
+
+
+def check_direct_path() -> bool:
+    """The direct request path's aiohttp internals are all there (else: one warning, `session.post`)."""
+    missing = direct_missing_hooks()
+    if missing:
+        _warn_once("direct", f"missing {', '.join(missing)}: requests sent through ClientSession.post "
+                             "(the public path, more CPU per request) instead of the direct path")
     return not missing
 
 
@@ -296,6 +307,7 @@ class _TracedConnector(aiohttp.TCPConnector):
     on_open: Callable[[Trace | None], None] | None = None
     queue: QueuedBodies | None = None
     gate: PoolGate | None = None  # agentload's queue in front of this pool (`request.send` passes it)
+    direct: DirectPost | None = None  # requests to the target sent on this pool without ClientSession's layers
 
     async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
         conn = await super().connect(req, traces, timeout)
@@ -408,6 +420,10 @@ def request_headers(target: TargetConfig) -> dict[str, str]:
     if missing:
         raise UserError(f"target: environment variable {missing[0]} is not set (named by "
                         f"{secret_field(target, missing[0])}); expected the secret in it")
+    two_lines = [n for n, v in env.items() if "\r" in v or "\n" in v]  # (a header that would start others)
+    if two_lines:
+        raise UserError(f"target: environment variable {two_lines[0]} (named by {secret_field(target, two_lines[0])}) "
+                        f"holds a line break; expected a header value on one line")
     register_target(target)
     if target.api_key_env:
         h["Authorization"] = f"Bearer {env[target.api_key_env]}"
@@ -436,6 +452,8 @@ class Transport:
             tc.on_connection_create_end.append(self._count_open_signal)
             self._trace_configs.append(tc)
         check_read_path()  # once per process: one warning and readany() if aiohttp lacks a hook
+        # (only with the traced classes: the connector's stamps are what a direct request gets)
+        self.direct = self.traced_classes and check_direct_path()
 
     def _count_open(self, tr: Trace | None) -> None:
         if tr is None or tr.kind == "agent":  # canaries have their own pool, kept out of the counts
@@ -454,8 +472,11 @@ class Transport:
 
     def _session(self, connector: aiohttp.TCPConnector, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
         extra: dict[str, Any] = {"request_class": _TracedRequest} if self.traced_classes else {}
-        return aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=self._trace_configs,
-                                     headers=self.headers, auto_decompress=False, **extra)
+        session = aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=self._trace_configs,
+                                        headers=self.headers, auto_decompress=False, **extra)
+        if self.direct:  # requests to the target skip session.post's per-request layers (`direct`)
+            connector.direct = DirectPost(session, self.url)  # type: ignore[attr-defined]
+        return session
 
     def _new_session(self, force_close: bool | None = None, limit: int | None = None) -> aiohttp.ClientSession:
         c = self.cfg

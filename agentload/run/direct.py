@@ -1,0 +1,235 @@
+"""A request sent on an aiohttp pool without ClientSession's per-request layers.
+
+`session.post` builds, for every request, a merged header map, a URL, a `ClientRequest` (eleven
+`update_*` steps over headers, host, auth, cookies, body, encoding), a `StreamWriter`, a task to
+write the body and a `ClientResponse`. On the same connector, protocol and parser, a client that
+skips those layers does the raw loop's work (bench/baseline.py) in 171 us a request where the raw
+loop takes 279 (burst 64 on bench/server.py, median of 5 on one core). `DirectPost` is that path
+for agentload's requests:
+
+- aiohttp's: the connector (the pool, its limits, keep-alive, pool and connect timeouts, TLS, and
+  the traced connector's stamps), the connection's protocol and C parser, the body's StreamReader
+  (so `body_sink`), the exception classes, the `total` timeout (aiohttp's TimeoutHandle and
+  TimerContext, which the body's reads also run under) and the `sock_read` timer.
+- agentload's: the request head, serialised from the session's headers once per pool (only the
+  request id and Content-Length change per request), written with the body in one transport
+  write; `sent` stamped once the write is handed to the transport (after a drain, if the
+  transport asked for one). No redirect is followed (a 3xx is an answer, judged as any other:
+  agents POST to an API) and no cookie is kept.
+
+Its aiohttp internals (pyproject pins the aiohttp minors they were tested with) are checked once
+per process (`missing_hooks`); if any is missing, requests go through `session.post` as before and
+the transport prints one warning line naming what was missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import http_exceptions
+from aiohttp.client_exceptions import ClientConnectionResetError
+from aiohttp.client_reqrep import ClientRequest
+from aiohttp.helpers import TimeoutHandle
+from yarl import URL
+
+if TYPE_CHECKING:
+    from agentload.records import Trace
+
+__all__ = ["DirectPost", "missing_hooks"]
+
+_now = time.perf_counter_ns
+
+# set_response_params as ClientSession._request calls it for a POST (the values from the session)
+_PARAMS = ("timer", "skip_payload", "read_until_eof", "auto_decompress", "read_timeout", "read_bufsize",
+           "timeout_ceil_threshold", "max_line_size", "max_field_size")
+_CRLF = ("\r", "\n")
+
+
+def _line(name: str, value: str) -> str:
+    """One header line; a CR or LF in either half would let a value write headers of its own."""
+    if any(c in name or c in value for c in _CRLF):
+        raise ValueError(f"header {name!r}: a newline or carriage return in a header name or value")
+    return f"{name}: {value}\r\n"
+
+
+class _Response:
+    """What `request._exchange` reads of a response: status, headers, the body's StreamReader and
+    the connection (whose protocol `body_sink` hooks)."""
+
+    __slots__ = ("status", "headers", "content", "connection")
+
+    def __init__(self, status: int, headers: Any, content: aiohttp.StreamReader, connection: Any):
+        self.status = status
+        self.headers = headers
+        self.content = content
+        self.connection = connection
+
+    async def read(self) -> bytes:
+        return await self.content.read()
+
+
+class DirectPost:
+    """POSTs to one URL on one session's pool (see the module docstring); `post(...)` is used as
+    `session.post(...)` is: `async with direct.post(body, headers, trace, timeout) as resp`. `body`:
+    bytes, or an object whose `raw()` gives them (`request.ConversationBody`), asked for once a
+    connection is there."""
+
+    __slots__ = ("url", "connector", "loop", "template", "head", "params")
+
+    def __init__(self, session: aiohttp.ClientSession, url: str):
+        u = URL(url)
+        connector = session.connector
+        assert connector is not None
+        self.url = url
+        self.connector = connector
+        self.loop = session._loop  # (the public `loop` property is deprecated)
+        # what connector.connect reads of a request (host, port, TLS, proxy), made once; never sent
+        self.template = ClientRequest("POST", u, loop=self.loop, ssl=True)
+        lines = [f"POST {u.raw_path_qs} HTTP/1.1\r\n"]
+        names = {k.lower() for k in session.headers}
+        if "host" not in names:
+            lines.append(_line("Host", u.host_port_subcomponent or ""))
+        lines.extend(_line(k, v) for k, v in session.headers.items())
+        if connector.force_close and "connection" not in names:
+            lines.append("Connection: close\r\n")
+        self.head = "".join(lines).encode()  # (the API key is in these bytes, and nowhere else here)
+        self.params: dict[str, Any] = {
+            "skip_payload": False, "read_until_eof": True, "auto_decompress": False,
+            "read_bufsize": getattr(session, "_read_bufsize", 2 ** 16),
+            "timeout_ceil_threshold": getattr(connector, "_timeout_ceil_threshold", 5),
+            "max_line_size": getattr(session, "_max_line_size", 8190),
+            "max_field_size": getattr(session, "_max_field_size", 8190)}
+        if _takes_max_headers:
+            self.params["max_headers"] = getattr(session, "_max_headers", 128)
+
+    def post(self, body: Any, headers: dict[str, str], trace: "Trace | None",
+             timeout: aiohttp.ClientTimeout) -> "_Exchange":
+        return _Exchange(self, body, headers, trace, timeout)
+
+
+class _Exchange:
+    """One request and its response's start; leaving it hands the connection back to the pool (or
+    closes it when its body was not read to the end, as aiohttp's `release` decides)."""
+
+    __slots__ = ("post", "body", "headers", "trace", "timeout", "handle", "conn")
+
+    def __init__(self, post: DirectPost, body: Any, headers: dict[str, str], trace: "Trace | None",
+                 timeout: aiohttp.ClientTimeout):
+        self.post = post
+        self.body = body
+        self.headers = headers
+        self.trace = trace
+        self.timeout = timeout
+        self.handle: asyncio.TimerHandle | None = None
+        self.conn: Any = None
+
+    async def __aenter__(self) -> _Response:
+        p = self.post
+        tm = self.timeout
+        th = TimeoutHandle(p.loop, tm.total, ceil_threshold=tm.ceil_threshold)
+        self.handle = th.start()
+        timer = th.timer()
+        try:
+            with timer:  # the `total` timeout: cancels this task, raised here as asyncio.TimeoutError
+                try:
+                    conn = self.conn = await p.connector.connect(p.template, [], tm)
+                except asyncio.TimeoutError as e:  # the pool (connect) timeout, named as aiohttp names it
+                    raise aiohttp.ConnectionTimeoutError(f"Connection timeout to host {p.template.url}") from e
+                proto = conn.protocol
+                proto.set_response_params(timer=timer, read_timeout=tm.sock_read, **p.params)
+                body = self.body
+                if body.__class__ is not bytes:  # a conversation's body: its bytes asked for only now, so
+                    body = body.raw()             # that it stays parked while the request waits for the pool
+                head = p.head + ("".join([_line(k, v) for k, v in self.headers.items()])
+                                 + f"Content-Length: {len(body)}\r\n\r\n").encode()
+                transport = proto.transport
+                if transport is None or transport.is_closing():
+                    raise ClientConnectionResetError("Cannot write to closing transport")
+                transport.writelines((head, body))
+                if proto.writing_paused:
+                    await proto._drain_helper()
+                if transport.is_closing() or proto.exception() is not None:
+                    # the write failed (the transport closes itself on a send error and tells the
+                    # protocol a loop step later): no `sent`, the request failed in `send`
+                    self.conn = None
+                    conn.close()
+                    raise aiohttp.ClientOSError(f"Can not write request for {p.template.url}: the connection "
+                                                f"was closed under the write")
+                tr = self.trace
+                if tr is not None:
+                    tr.t["sent"] = _now()
+                proto.start_timeout()  # sock_read counts from here, as after aiohttp's body write
+                while True:
+                    try:
+                        message, payload = await proto.read()
+                    except http_exceptions.HttpProcessingError as e:
+                        raise aiohttp.ClientResponseError(p.template.request_info, (), status=e.code,
+                                                          message=e.message, headers=e.headers) from e
+                    if message.code < 100 or message.code > 199 or message.code == 101:
+                        break
+                payload.on_eof(conn.release)  # back to the pool as soon as the body has ended
+                return _Response(message.code, message.headers, payload, conn)
+        except aiohttp.ClientError:
+            self._end()
+            raise
+        except OSError as e:  # as ClientSession._request wraps it
+            self._end()
+            if e.errno is None and isinstance(e, asyncio.TimeoutError):
+                raise
+            raise aiohttp.ClientOSError(*e.args) from e
+        except BaseException:
+            self._end()
+            raise
+
+    def _end(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        conn = self.conn
+        if conn is not None:
+            self.conn = None
+            conn.release()  # (closed instead when the protocol says it cannot be reused)
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self._end()
+
+
+_missing: list[str] | None = None
+_takes_max_headers = False
+
+
+def missing_hooks() -> list[str]:
+    """The aiohttp internals DirectPost needs that this aiohttp lacks ([]: all there); checked
+    once per process."""
+    global _missing, _takes_max_headers
+    if _missing is None:
+        missing = []
+        from aiohttp.client_proto import ResponseHandler
+
+        try:
+            params = set(inspect.signature(ResponseHandler.set_response_params).parameters)
+        except (TypeError, ValueError):
+            params = set()
+        if not set(_PARAMS) <= params:
+            missing.append(f"ResponseHandler.set_response_params({', '.join(_PARAMS)})")
+        _takes_max_headers = "max_headers" in params
+        for name in ("read", "_drain_helper"):
+            if not inspect.iscoroutinefunction(getattr(ResponseHandler, name, None)):
+                missing.append(f"ResponseHandler.{name}()")
+        for name in ("start_timeout", "exception"):
+            if not callable(getattr(ResponseHandler, name, None)):
+                missing.append(f"ResponseHandler.{name}()")
+        if not isinstance(getattr(ResponseHandler, "writing_paused", None), property):
+            missing.append("ResponseHandler.writing_paused")
+        for cls, names in ((TimeoutHandle, ("start", "timer")), (aiohttp.StreamReader, ("on_eof",))):
+            missing += [f"{cls.__name__}.{n}()" for n in names if not callable(getattr(cls, n, None))]
+        if not hasattr(URL, "host_port_subcomponent"):
+            missing.append("yarl.URL.host_port_subcomponent")
+        if not hasattr(http_exceptions, "HttpProcessingError"):
+            missing.append("aiohttp.http_exceptions.HttpProcessingError")
+        _missing = missing
+    return _missing
