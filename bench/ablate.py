@@ -123,9 +123,17 @@ def _shape() -> None:
     cs._MAX_SHAPES = 0
 
 
+def _direct() -> None:
+    """Every request through ClientSession.post (a ClientRequest, a body-writing task and a
+    ClientResponse per request) instead of agentload.run.direct."""
+    import agentload.run.transport as tp
+
+    tp.check_direct_path = lambda: False
+
+
 ABLATIONS: dict[str, Callable[[], None]] = {
     "sink": _sink, "idle": _idle, "ssefast": _ssefast, "ua": _ua, "convbuf": _convbuf, "sleep": _sleep, "gc": _gc,
-    "shape": _shape,
+    "shape": _shape, "direct": _direct,
 }
 
 

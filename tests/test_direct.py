@@ -111,6 +111,36 @@ async def test_the_connection_is_pooled_after_the_body_and_closed_when_it_was_no
             await tr.close()
 
 
+async def test_a_request_given_up_before_its_answer_leaves_no_connection_for_the_next_one():
+    """Given up while the server has not answered yet: its connection is closed, not pooled. Pooled,
+    the next request on it would read the late answer to the one given up as its own."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.headers["X-Request-ID"] == rq.sent_request_id("t-late"):
+            await asyncio.sleep(0.5)
+            return await sse_response(request, [chunk({"content": "late answer"}), chunk({}, finish_reason="stop"),
+                                                DONE])
+        return await _answer(request)
+
+    with FakeServer(handler) as srv:
+        tr = Transport(ClientConfig(read_timeout_s=10, total_timeout_s=20), TargetConfig(), srv.url)
+        try:
+            task = asyncio.ensure_future(_one(tr, "t-late"))
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                if srv.headers:
+                    break
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert tr.pool_state()["idle"] == 0
+            res, trace = await _one(tr, "t-next")
+            await asyncio.sleep(0.6)  # (past the late answer)
+        finally:
+            await tr.close()
+    assert trace.reused is False  # a new connection
+    assert res.error is None and res.stream.content == "hi"
+
+
 async def test_a_redirect_is_judged_as_an_answer_not_followed():
     async def handler(request: web.Request) -> web.Response:
         return web.Response(status=307, headers={"Location": "/v1/elsewhere"})

@@ -155,8 +155,6 @@ class _Exchange:
                 if transport.is_closing() or proto.exception() is not None:
                     # the write failed (the transport closes itself on a send error and tells the
                     # protocol a loop step later): no `sent`, the request failed in `send`
-                    self.conn = None
-                    conn.close()
                     raise aiohttp.ClientOSError(f"Can not write request for {p.template.url}: the connection "
                                                 f"was closed under the write")
                 tr = self.trace
@@ -173,29 +171,34 @@ class _Exchange:
                         break
                 payload.on_eof(conn.release)  # back to the pool as soon as the body has ended
                 return _Response(message.code, message.headers, payload, conn)
+        # Before the response's head is in, a failed or cancelled request leaves its connection
+        # closed: the server may still answer it, and the next request on it would read that answer.
         except aiohttp.ClientError:
-            self._end()
+            self._end(close=True)
             raise
         except OSError as e:  # as ClientSession._request wraps it
-            self._end()
+            self._end(close=True)
             if e.errno is None and isinstance(e, asyncio.TimeoutError):
                 raise
             raise aiohttp.ClientOSError(*e.args) from e
         except BaseException:
-            self._end()
+            self._end(close=True)
             raise
 
-    def _end(self) -> None:
+    def _end(self, close: bool) -> None:
         if self.handle is not None:
             self.handle.cancel()
             self.handle = None
         conn = self.conn
         if conn is not None:
             self.conn = None
-            conn.release()  # (closed instead when the protocol says it cannot be reused)
+            if close:
+                conn.close()
+            else:  # back to the pool, or closed when the protocol says it cannot be reused (a body
+                conn.release()  # not read to its end, an error on it): aiohttp's rule on release
 
     async def __aexit__(self, *exc: Any) -> None:
-        self._end()
+        self._end(close=False)
 
 
 _missing: list[str] | None = None
