@@ -46,7 +46,8 @@ async def _one(tr: Transport, rid: str) -> tuple[rq.Result, Trace]:
 async def test_the_direct_path_sends_what_session_post_sends(monkeypatch, force_close):
     monkeypatch.setenv("AGENTLOAD_TEST_KEY", "sk-direct-test")
     monkeypatch.setenv("AGENTLOAD_TEST_TEAM", "team-7")
-    target = TargetConfig(headers={"X-Route": "blue"}, api_key_env="AGENTLOAD_TEST_KEY",
+    # (a static X-Request-ID too: the request's own id replaces it, on both paths)
+    target = TargetConfig(headers={"X-Route": "blue", "x-request-id": "static"}, api_key_env="AGENTLOAD_TEST_KEY",
                           headers_env={"X-Team-Token": "AGENTLOAD_TEST_TEAM"})
     client = ClientConfig(force_close=force_close, read_timeout_s=5, total_timeout_s=10)
     results = []

@@ -78,7 +78,7 @@ class DirectPost:
     bytes, or an object whose `raw()` gives them (`request.ConversationBody`), asked for once a
     connection is there."""
 
-    __slots__ = ("url", "connector", "loop", "template", "head", "params")
+    __slots__ = ("url", "connector", "loop", "template", "head", "params", "names", "lines")
 
     def __init__(self, session: aiohttp.ClientSession, url: str):
         u = URL(url)
@@ -89,14 +89,14 @@ class DirectPost:
         self.loop = session._loop  # (the public `loop` property is deprecated)
         # what connector.connect reads of a request (host, port, TLS, proxy), made once; never sent
         self.template = ClientRequest("POST", u, loop=self.loop, ssl=True)
-        lines = [f"POST {u.raw_path_qs} HTTP/1.1\r\n"]
-        names = {k.lower() for k in session.headers}
+        names = self.names = {k.lower() for k in session.headers}
+        lines = self.lines = [(k.lower(), _line(k, v)) for k, v in session.headers.items()]
         if "host" not in names:
-            lines.append(_line("Host", u.host_port_subcomponent or ""))
-        lines.extend(_line(k, v) for k, v in session.headers.items())
+            lines.insert(0, ("host", _line("Host", u.host_port_subcomponent or "")))
         if connector.force_close and "connection" not in names:
-            lines.append("Connection: close\r\n")
-        self.head = "".join(lines).encode()  # (the API key is in these bytes, and nowhere else here)
+            lines.append(("connection", "Connection: close\r\n"))
+        lines.insert(0, ("", f"POST {u.raw_path_qs} HTTP/1.1\r\n"))
+        self.head = "".join(line for _, line in lines).encode()  # (the API key is in these bytes, and nowhere else here)
         self.params: dict[str, Any] = {
             "skip_payload": False, "read_until_eof": True, "auto_decompress": False,
             "read_bufsize": getattr(session, "_read_bufsize", 2 ** 16),
@@ -144,8 +144,14 @@ class _Exchange:
                 body = self.body
                 if body.__class__ is not bytes:  # a conversation's body: its bytes asked for only now, so
                     body = body.raw()             # that it stays parked while the request waits for the pool
-                head = p.head + ("".join([_line(k, v) for k, v in self.headers.items()])
-                                 + f"Content-Length: {len(body)}\r\n\r\n").encode()
+                headers = self.headers
+                fixed = p.head
+                if headers and not p.names.isdisjoint([k.lower() for k in headers]):
+                    # a request's own header replaces the session's of that name, as in session.post
+                    own = {k.lower() for k in headers}
+                    fixed = "".join(line for name, line in p.lines if name not in own).encode()
+                head = fixed + ("".join([_line(k, v) for k, v in headers.items()])
+                                + f"Content-Length: {len(body)}\r\n\r\n").encode()
                 transport = proto.transport
                 if transport is None or transport.is_closing():
                     raise ClientConnectionResetError("Cannot write to closing transport")
