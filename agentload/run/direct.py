@@ -2,10 +2,9 @@
 
 `session.post` builds, for every request, a merged header map, a URL, a `ClientRequest` (eleven
 `update_*` steps over headers, host, auth, cookies, body, encoding), a `StreamWriter`, a task to
-write the body and a `ClientResponse`. On the same connector, protocol and parser, a client that
-skips those layers does the raw loop's work (bench/baseline.py) in 171 us a request where the raw
-loop takes 279 (burst 64 on bench/server.py, median of 5 on one core). `DirectPost` is that path
-for agentload's requests:
+write the body and a `ClientResponse`: at burst 64 on bench/server.py, 302 us of CPU a request
+through them, 245 us through `DirectPost` (`python -m bench.ab --only direct`). This is the same
+exchange on the same connector, protocol and parser:
 
 - aiohttp's: the connector (the pool, its limits, keep-alive, pool and connect timeouts, TLS, and
   the traced connector's stamps), the connection's protocol and C parser, the body's StreamReader

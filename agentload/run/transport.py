@@ -12,12 +12,13 @@ TraceConfig signals give the same stamps, but cost three coroutines and a parame
 signal, five signals a request, whether anyone listens or not; they remain the fallback for an
 aiohttp whose connector or request lacks the methods overridden here (`check_trace_hooks`).
 
-Two things read aiohttp's private internals (pyproject pins the aiohttp minors they were tested
-with): the body read path (`body_sink`) and the pool's state (`pool_state`: the connector's
-`_acquired`, `_conns`, `_waiters`). Both are checked once per process, when the first Transport
-is made (the connector's when its first pool is made); whatever is missing is named in one
-warning line on stderr, bodies are then read with `readany()` and the pool's unknown counts are
-left out of `pool_state()` (listed under `unknown`) instead of read as 0.
+Three things read aiohttp's private internals (pyproject pins the aiohttp minors they were tested
+with): the request path (`direct`: a request written straight to a pooled connection), the body
+read path (`body_sink`) and the pool's state (`pool_state`: the connector's `_acquired`, `_conns`,
+`_waiters`). Each is checked once per process, when the first Transport is made (the connector's
+when its first pool is made); whatever is missing is named in one warning line on stderr, requests
+then go through `ClientSession.post`, bodies are read with `readany()` and the pool's unknown
+counts are left out of `pool_state()` (listed under `unknown`) instead of read as 0.
 """
 
 from __future__ import annotations
