@@ -167,6 +167,15 @@ def test_a_secret_header_value_on_two_lines_is_refused_up_front(monkeypatch):
     assert "team-7" not in msg  # (the value is a secret)
 
 
+def test_a_header_line_break_never_reaches_the_wire():
+    from agentload.run.direct import _line
+
+    assert _line("X-A", "b c") == "X-A: b c\r\n"
+    for name, value in (("X-A", "b\r\nX-Injected: 1"), ("X-A", "b\nc"), ("X-A\r\nX-B", "c")):
+        with pytest.raises(ValueError, match="newline or carriage return"):
+            _line(name, value)
+
+
 async def test_without_the_direct_path_requests_go_through_session_post(monkeypatch, capsys):
     """When this aiohttp lacks an internal the direct path needs (forced here), one warning line
     names it and requests go through session.post, with the same result."""

@@ -45,14 +45,14 @@ _now = time.perf_counter_ns
 # set_response_params as ClientSession._request calls it for a POST (the values from the session)
 _PARAMS = ("timer", "skip_payload", "read_until_eof", "auto_decompress", "read_timeout", "read_bufsize",
            "timeout_ceil_threshold", "max_line_size", "max_field_size")
-_CRLF = ("\r", "\n")
 
 
 def _line(name: str, value: str) -> str:
     """One header line; a CR or LF in either half would let a value write headers of its own."""
-    if any(c in name or c in value for c in _CRLF):
+    line = f"{name}: {value}"
+    if "\r" in line or "\n" in line:
         raise ValueError(f"header {name!r}: a newline or carriage return in a header name or value")
-    return f"{name}: {value}\r\n"
+    return line + "\r\n"
 
 
 class _Response:
