@@ -8,13 +8,12 @@ the environment), start the mock (a separate process), execute, stop the mock, w
 from __future__ import annotations
 
 import asyncio
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+from agentload.endpoint import without_version_hint
 from agentload.errors import UserError
 from agentload.redact import env_secrets, register_target, secret_field
 from agentload.report.build import write_reports
@@ -196,19 +195,6 @@ def prepare_run_dir(run_dir: Path) -> None:
         raise UserError(f"{run_dir}: cannot write the run folder (--out): {e.strerror or e.__class__.__name__}")
 
 
-_VERSION_PART = re.compile(r"^v\d+(?:beta\d*|alpha\d*)?$", re.I)
-
-
 def endpoint_hint(endpoint: str | None) -> str | None:
-    """A base URL with no `/v1`-like path part usually 404s (requests go to ENDPOINT/chat/completions)."""
-    if not endpoint:
-        return None
-    try:
-        parts = [p for p in urlsplit(endpoint).path.split("/") if p]
-    except ValueError:
-        return None
-    if any(_VERSION_PART.match(p) for p in parts):
-        return None
-    base = endpoint.rstrip("/")
-    return (f"endpoint {endpoint} has no /v1-like path part, so requests go to {base}/chat/completions; "
-            f"OpenAI-compatible servers usually serve {base}/v1/chat/completions (a 404 means this)")
+    """A warning for an endpoint that is a bare host (requests would go to /chat/completions, not /v1/...)."""
+    return without_version_hint(endpoint) if endpoint else None

@@ -11,6 +11,7 @@ It runs in a thread with its own event loop, so both in-process runs (`run_to_di
         run_scenario("demo", tmp_path, [f'target.endpoint="{srv.url}"'])
         srv.requests  # the JSON bodies received, in order
         srv.headers   # their headers, in order
+        srv.paths     # their paths with query strings, in order
 
 `sse_response(request, events)` writes a text/event-stream body from raw event strings.
 """
@@ -63,6 +64,7 @@ class FakeServer:
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.requests: list[dict] = []
         self.headers: list[dict[str, str]] = []
+        self.paths: list[str] = []  # path and query string of each request, in order
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -70,6 +72,7 @@ class FakeServer:
 
     async def _record(self, request: web.Request) -> web.StreamResponse:
         self.headers.append(dict(request.headers))
+        self.paths.append(request.path_qs)
         try:
             self.requests.append(orjson.loads(await request.read()))
         except orjson.JSONDecodeError:

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable, Iterable
-from urllib.parse import urlparse
 
+from agentload.endpoint import api_url, base_path, with_version
 from agentload.records import Record, phase_at, phase_ns
 from agentload.records.phases import SERVER_PHASES
 from agentload.analysis.passes import one_pass, order_key
@@ -714,9 +714,15 @@ def rule_server_errors(f: Facts) -> Finding | None:
                          f"({fmt_counts(Counter(r.error for r in errs))}), first in round {min(by_round)}", "ttfb")
     fnd.evidence.append(f"sample message: {errs[0].error_msg or '(empty body)'}")
     endpoint = str(f.meta.get("endpoint") or "")
-    if any(r.error == "http_404" for r in errs) and "/v1" not in urlparse(endpoint).path:
-        fnd.evidence.append(f"HTTP 404 from {endpoint}: the endpoint has no /v1 in its path; OpenAI-compatible servers "
-                            f"serve /v1/chat/completions (try --endpoint {endpoint.rstrip('/')}/v1)")
+    if endpoint and any(r.error == "http_404" for r in errs):
+        try:
+            url, bare = api_url(endpoint), not base_path(endpoint)
+        except ValueError:
+            url, bare = endpoint, False
+        fnd.evidence.append(f"HTTP 404 from {url}: the server has no such path" + (
+            f"; the endpoint has no path such as /v1, and OpenAI-compatible servers serve "
+            f"{with_version(endpoint)} (try --endpoint {with_version(endpoint, full=False)})"
+            if bare else ""))
     fnd.evidence.extend(router_evidence(f.data, errs, "error"))  # the worker, where the router's counters say it
     return fnd
 

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from agentload.endpoint import endpoint_problem
 from agentload.errors import ScenarioError
 from agentload.mock.config import MockConfig
 from agentload.fleet.config import SCHEDULE, FleetConfig, RouterConfig, check_fleet
@@ -144,6 +145,20 @@ def dist(default: float) -> Any:
     return setting(const(default), _DistCheck())
 
 
+class _Endpoint(Check):
+    """The target's endpoint: a base URL or the API's full URL (agentload.endpoint says what is refused)."""
+
+    expected = "an http:// or https:// URL"
+
+    def __call__(self, url: Any, at: At) -> str:
+        if not isinstance(url, str):
+            at.fail(self.expected, url)
+        problem = endpoint_problem(url)
+        if problem:
+            at.error(problem)
+        return url
+
+
 class _Url(Check):
     expected = "an http:// or https:// URL"
 
@@ -214,7 +229,9 @@ _TIMEOUT = Number(0, above=True, why="every timeout is explicit; none is unlimit
 
 @dataclass(frozen=True)
 class TargetConfig:
-    endpoint: Optional[str] = setting(None, Opt(_Url()))  # None: start the embedded mock server
+    # a base URL (requests go to <endpoint>/chat/completions, before its query string) or the full URL
+    # ending in /chat/completions; None: start the embedded mock server
+    endpoint: Optional[str] = setting(None, Opt(_Endpoint()))
     model: str = setting("mock-model", Text("a model name", nonblank=True))
     api_key_env: Optional[str] = setting(None, Opt(_EnvName()))  # name of the env var; the key itself is never stored
     # static, non-secret headers (copied into run.json)

@@ -35,6 +35,7 @@ from typing import Any, Callable
 import aiohttp
 
 from agentload import __version__
+from agentload.endpoint import api_url
 from agentload.errors import UserError
 from agentload.records import Trace
 from agentload.redact import env_secrets, register_target, secret_field
@@ -438,7 +439,7 @@ class Transport:
 
     def __init__(self, client: ClientConfig, target: TargetConfig, base_url: str):
         self.cfg = client
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.url = api_url(base_url)
         self.headers = request_headers(target)
         self._shared: aiohttp.ClientSession | None = None
         self._per_agent: dict[int, aiohttp.ClientSession] = {}
