@@ -225,9 +225,16 @@ def test_a_404_without_v1_in_the_endpoint_gets_a_hint():
     run.meta["endpoint"] = "http://127.0.0.1:8000"
     run.error(0, 1, "http_404")
     v = diagnose(run.data())
-    assert any("has no /v1" in e and "http://127.0.0.1:8000/v1" in e for e in v["evidence"])
+    assert any("has no path such as /v1" in e and "try --endpoint http://127.0.0.1:8000/v1)" in e
+               for e in v["evidence"]), v["evidence"]
     run.meta["endpoint"] = "http://127.0.0.1:8000/v1"
-    assert not any("has no /v1" in e for e in diagnose(run.data())["evidence"])
+    ev = diagnose(run.data())["evidence"]
+    assert not any("such as /v1" in e for e in ev)
+    assert any("HTTP 404 from http://127.0.0.1:8000/v1/chat/completions" in e for e in ev), ev
+    run.meta["endpoint"] = "https://x.example/openai/deployments/d?api-version=2024-06-01"
+    ev = diagnose(run.data())["evidence"]
+    assert any("HTTP 404 from https://x.example/openai/deployments/d/chat/completions?api-version=2024-06-01: "
+               in e for e in ev) and not any("/v1" in e for e in ev), ev
 
 
 def test_error_counts_are_written_for_people_not_as_a_python_dict():
