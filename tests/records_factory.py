@@ -57,9 +57,11 @@ class RunBuilder:
             call: int = 0, bad_events: int = 0, comments: int = 0, kind: str = "agent",
             finish_reason: str | None = "tool_calls", status: int | None = 200, backend: str | None = None,
             cached_tokens: int | None = None, conversation: int = 0, id_sent: str | None = None,
-            at_ms: float | None = None) -> Record:
+            at_ms: float | None = None, held_ms: float | None = None) -> Record:
         """One request whose phases last as given; a None phase (and every one after it) never happened.
-        `at_ms`: its start (ms on the records' clock, t0 = 0), else right after the previous one."""
+        `at_ms`: its start (ms on the records' clock, t0 = 0), else right after the previous one.
+        `held_ms`: a request that did not complete ends this long after its last stamp (a hang: the
+        time it held its connection with no progress), else 1 ms after it."""
         t: dict[str, int] = {}
         now = self.clock if at_ms is None else int(at_ms * MS)
         t["start"] = now
@@ -77,7 +79,7 @@ class RunBuilder:
                 break
             now += int(dur * MS)
             t[key] = now
-        t.setdefault("end", now + MS)
+        t.setdefault("end", now + (int(held_ms * MS) if held_ms is not None else MS))
         self.clock = max(self.clock, t["end"] + MS)
         extra = {"bad_events": bad_events} if "bad_events" in Record.__dataclass_fields__ else {}
         if backend is not None or cached_tokens is not None or conversation or id_sent is not None:

@@ -140,16 +140,35 @@ def test_a_stall_in_pool_wait_alone_is_not_a_server_stall():
 
 
 def test_pool_queueing_behind_a_server_stall_is_a_consequence():
-    run = RunBuilder(agents=6, rounds=2, limit=2)
+    # 4 hung requests hold all 4 connections for 15 s; the 2 other agents queue behind them
+    run = RunBuilder(agents=6, rounds=2, limit=4)
     run.agents_done(range(6), range(1, 2))
-    run.stalled(0, 2, "ttfb")
-    run.stalled(1, 2, "ttfb")
-    for a in range(2, 6):
-        run.stalled(a, 2, "pool_wait")
+    for a in range(4):
+        run.stalled(a, 2, "ttfb", at_ms=10_000 + a, held_ms=15_000)
+    for a in (4, 5):
+        run.stalled(a, 2, "pool_wait", at_ms=10_010 + a)
+    for _ in range(3):
+        run.sample(stalled=6, pool={"in_use": 4, "idle": 0, "waiters": 2, "limit": 4})
     v = diagnose(run.data())
-    assert v["kind"] == "server_stall" and v["agents_affected"] == 6
+    assert v["kind"] == "server_stall" and v["agents_affected"] == 6 and v["agents_stopped"] == 6
     assert "client_pool" not in [s["kind"] for s in v["secondary"]]
-    assert "a consequence, not the cause" in v["summary"]
+    assert "2 more agent(s) queued behind them (a consequence, not the cause)" in v["summary"]
+    assert "2 more request(s) stalled in pool_wait behind them" in "\n".join(v["evidence"])
+    assert ("the pool had waiters queued in 3 of 3 samples taken while requests were stalled (max 2; limit 4, "
+            "of which the stalled requests held up to 4)") in v["evidence"]
+
+
+def test_a_pool_with_no_waiters_while_stalled_says_so_plainly():
+    run = RunBuilder(agents=2, rounds=2)
+    run.agents_done(range(2), range(1, 2))
+    run.stalled(0, 2, "ttfb", held_ms=15_000)
+    run.sample(stalled=1)
+    run.sample(stalled=1)
+    v = diagnose(run.data())
+    assert v["kind"] == "server_stall" and v["summary"].endswith("; the client pool is not the cause")
+    assert "the pool had no waiters queued in any of the 2 samples taken while requests were stalled (limit 100)" \
+        in v["evidence"]
+    assert not any("in 0 of" in e or "no waiters queued in 2 of" in e for e in v["evidence"])
 
 
 # ------------------------------------------------------------------ client_pool
@@ -586,3 +605,145 @@ def test_a_loop_busy_in_most_samples_says_so_without_a_server_stamp():
     for lag in (30.0,) * 4 + (1.0,) * 6:  # busy in fewer than half: no such warning
         run.sample(loop_lag_ms=lag)
     assert not [w for w in build_summary(run.data())["warnings"] if "bottleneck" in w]
+
+
+# ------------------------------------------------------------------ findings that co-occur in a soak
+# A soak is where several things go wrong at once: each finding that holds on its own requests
+# appears, whatever else the run found (issue 32).
+
+
+def pool_soak(agents: int = 20, limit: int = 8, rounds: range = range(1, 11), skip: set[int] = frozenset(),
+              **kw) -> RunBuilder:
+    """A pool too small for its agents: round r's requests start at r s, each waiting 80 ms for a
+    connection of an e2e of ~135 ms (59%). `skip`: rounds left to the caller."""
+    run = RunBuilder(agents=agents, rounds=max(rounds), limit=limit, **kw)
+    for rnd in rounds:
+        if rnd in skip:
+            continue
+        for a in range(agents):
+            run.ok(a, rnd, pool_wait_ms=80, ttfb_ms=5, ttft_ms=30, stream_ms=20, at_ms=rnd * 1000 + a)
+    return run
+
+
+def test_a_pool_too_small_for_the_whole_soak_is_its_own_finding_beside_a_hang():
+    # issue 32: 400 agents on a pool of 100 with b2 hung for 30 s said server_stall, no client_pool
+    run = pool_soak(rounds=range(1, 11), skip={6, 7, 8, 9, 10})
+    for a in (0, 1):  # round 6: two requests hang 15 s and are given up, ending their agents
+        run.stalled(a, 6, "ttfb", at_ms=6000 + a, held_ms=15_000)
+    for a in range(2, 20):  # the others' round 6 queued (briefly) while the two hung
+        run.ok(a, 6, pool_wait_ms=80, ttfb_ms=5, ttft_ms=30, stream_ms=20, at_ms=6000 + a)
+    for rnd in range(7, 11):  # after the hang: the pool throttles every request again
+        for a in range(2, 20):
+            run.ok(a, rnd, pool_wait_ms=80, ttfb_ms=5, ttft_ms=30, stream_ms=20, at_ms=16_000 + rnd * 1000 + a)
+    for _ in range(12):
+        run.sample(stalled=2, pool={"in_use": 8, "idle": 0, "waiters": 12, "limit": 8})
+    v = diagnose(run.data())
+    assert kinds(run) == ["server_stall", "client_pool"]  # the hang stopped 2 agents, the pool none
+    assert v["agents_stopped"] == 2
+    assert "the client pool is not the cause of the stall" in v["summary"]
+    assert v["summary"].endswith("but it queued requests outside the stall too: see client_pool"), v["summary"]
+    assert "the pool had waiters queued in 12 of 12 samples taken while requests were stalled (max 12" \
+        in "\n".join(v["evidence"])
+    pool = v["secondary"][0]
+    # its figures: the requests outside the stall window (rounds 1-5 and 7-10), not the 18 queued inside it
+    assert pool["summary"].startswith("client pool exhausted apart from the server stall"), pool["summary"]
+    assert "pool_wait p50 80.1 ms = 59% of e2e p50 135 ms" in pool["summary"], pool["summary"]
+    assert "172 of 172 requests there waited" in pool["summary"]
+    assert "the server was not the bottleneck" not in pool["summary"]
+    ev = "\n".join(pool["evidence"])
+    assert "1 stall window(s), 15.0 s in all" in ev and "held up to 2 of the pool's connections (limit 8)" in ev
+    assert "18 request(s) of 18 agent(s) queued inside them" in ev and "not counted here" in ev
+
+
+def test_a_pool_that_throttles_every_request_beside_a_slow_server_is_named_too():
+    # issue 32's second case: a 10 s hang that every request survived (server_slow) hid the pool
+    run = pool_soak(rounds=range(1, 8))
+    run.ok(0, 8, ttfb_ms=7000, stalled_phase="ttfb", at_ms=8000)
+    for a in range(1, 20):
+        run.ok(a, 8, pool_wait_ms=80, ttfb_ms=5, ttft_ms=30, stream_ms=20, at_ms=8000 + a)
+    v = diagnose(run.data())
+    # neither stopped an agent: the order of RULES
+    assert kinds(run) == ["server_slow", "client_pool"]
+    assert "not the cause of the stall" in v["summary"] and "see client_pool" in v["summary"]
+    assert "140 of 140 requests there waited" in v["secondary"][0]["summary"]
+
+
+def test_a_queue_far_beyond_what_the_hung_requests_held_is_the_pools_too():
+    # 2 hung requests hold 2 of 4 connections for 15 s; 10 agents queue 2 s for each of 5 requests
+    # meanwhile: 100 s queued against 30 s held. Without the hang they would have queued anyway.
+    run = RunBuilder(agents=12, rounds=6, limit=4)
+    for a in (0, 1):
+        run.stalled(a, 1, "ttfb", at_ms=1000 + a, held_ms=15_000)
+    for rnd in range(1, 6):
+        for a in range(2, 12):
+            run.ok(a, rnd, pool_wait_ms=2000, ttfb_ms=5, ttft_ms=30, stream_ms=20, at_ms=1000 + rnd * 2500 + a)
+    v = diagnose(run.data())
+    assert kinds(run) == ["server_stall", "client_pool"]
+    assert v["summary"].endswith("but it queued far more requests than the stalled ones held connections: see "
+                                 "client_pool"), v["summary"]
+    pool = v["secondary"][0]
+    assert pool["summary"].startswith("client pool exhausted beyond the server stall"), pool["summary"]
+    assert "50 of 52 requests waited" in pool["summary"] and "3.3x as long queued" in pool["summary"]
+    assert any("every request counts here" in e for e in pool["evidence"])
+    # the same queue, half as long: what the hung requests held explains it
+    run2 = RunBuilder(agents=12, rounds=6, limit=4)
+    for a in (0, 1):
+        run2.stalled(a, 1, "ttfb", at_ms=1000 + a, held_ms=15_000)
+    for rnd in range(1, 6):
+        for a in range(2, 12):
+            run2.ok(a, rnd, pool_wait_ms=500, ttfb_ms=5, ttft_ms=30, stream_ms=20, at_ms=1000 + rnd * 2500 + a)
+    assert kinds(run2) == ["server_stall"]  # 25 s queued against 30 s held
+
+
+def test_pool_queueing_outside_a_hang_below_the_rules_threshold_is_no_finding():
+    run = pool_soak(rounds=range(1, 8))
+    for i, r in enumerate(run.records):  # 3 ms of ~60: neither a share nor a wait worth a finding
+        run.records[i] = dataclasses.replace(r, t={**r.t, "queued_end": r.t["queued_start"] + 3_000_000})
+    run.stalled(0, 8, "ttfb", at_ms=8000, held_ms=15_000)
+    assert kinds(run) == ["server_stall"]
+
+
+def test_server_errors_and_a_pool_too_small_are_both_findings():
+    run = pool_soak(rounds=range(1, 6))
+    for a in range(3):
+        run.error(a, 6, "http_500", pool_wait_ms=80, at_ms=6000 + a)
+    v = diagnose(run.data())
+    assert kinds(run) == ["server_errors", "client_pool"]  # the errors stopped 3 agents, the pool none
+    assert "103 of 103 requests waited" in v["secondary"][0]["summary"]
+    assert "the server was not the bottleneck" in v["secondary"][0]["summary"]  # no stall: the latency is the pool's
+
+
+def test_disconnects_and_a_pool_too_small_are_both_findings():
+    run = pool_soak(rounds=range(1, 6))
+    run.error(0, 6, "ServerDisconnectedError", pool_wait_ms=80, ttfb_ms=None, reused=True, at_ms=6000)
+    v = diagnose(run.data())
+    assert kinds(run) == ["disconnects", "client_pool"]
+    assert v["phase"] == "send" and v["secondary"][0]["phase"] == "pool_wait"
+
+
+def test_a_stall_and_errors_elsewhere_are_both_findings_but_a_stall_the_server_ended_is_told_once():
+    run = RunBuilder(agents=4, rounds=3)
+    run.agents_done(range(4), range(1, 3))
+    run.stalled(0, 3, "ttfb", held_ms=15_000)
+    # hung, then cut by the server (a router's timeout): the stall's story, not a disconnect of its own
+    run.add(1, 3, outcome="error", error="ServerDisconnectedError", stalled_phase="ttfb", ttfb_ms=None,
+            held_ms=6000, status=None, finish_reason=None)
+    run.error(2, 3, "http_500")
+    v = diagnose(run.data())
+    assert kinds(run) == ["server_stall", "server_errors"]  # 2 agents stopped by the stall, 1 by errors
+    assert v["agents_stopped"] == 2 and v["secondary"][0]["agents_stopped"] == 1
+    assert any("1 were ended by the other side (ServerDisconnectedError x1)" in e for e in v["evidence"])
+    assert "1 of 11 requests answered with errors" in v["secondary"][0]["summary"]
+
+
+def test_canaries_that_failed_outside_a_stall_are_a_finding_of_their_own():
+    run = RunBuilder(agents=2, rounds=3)
+    run.meta["scenario"]["canary"] = {"timeout_s": 5.0}
+    run.agents_done(range(2), range(1, 2))
+    run.stalled(0, 2, "ttfb", at_ms=10_000, held_ms=15_000)
+    run.add(-1, 1, kind="canary", call=0, outcome="error", ttfb_ms=None, error="read_timeout", at_ms=12_000)
+    assert kinds(run) == ["server_stall"]  # inside the stall: its evidence
+    run.add(-1, 1, kind="canary", call=1, outcome="error", ttfb_ms=None, error="read_timeout", at_ms=40_000)
+    v = diagnose(run.data())
+    assert kinds(run) == ["server_stall", "canary_failures"]
+    assert v["secondary"][0]["summary"].startswith("canaries failed outside the server stall: 1 of 2")

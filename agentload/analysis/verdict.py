@@ -7,11 +7,18 @@ most agents leads the verdict, ties go to the rule listed first, and the others 
 secondary findings. The verdict fails closed: it is `healthy` only when no rule found anything,
 and a rule that could not be computed is itself a finding (`agentload_error`), never a pass.
 
+No finding switches another off: each rule judges the requests the others do not explain. A
+server stall explains the requests that queued for a connection a stalled request held, in its
+window (`StallWindows`), and how the requests it stalled ended; the pool rule judges the queueing
+outside those windows, or all of it when the queue there was far longer than what the stalled
+requests held (`judge_pool`); canaries that failed outside the windows are a finding of their own.
+
 Kinds are the `Kind` enumeration; README's list of verdict kinds is checked against it.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 import traceback
 from collections import Counter
@@ -22,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from agentload.endpoint import api_url, base_path, with_version
 from agentload.records import Record, phase_at, phase_ns
-from agentload.records.phases import SERVER_PHASES
+from agentload.records.phases import SERVER_PHASES, phase_begin
 from agentload.analysis.passes import one_pass, order_key
 from agentload.analysis.stats import SparseHistogram, band_ranges, fmt_dur as _dur, pct_ms, percentiles_ms, quantile_ms
 from agentload.analysis.tallies import CanaryTally, FirstSeenCounts, SizeCounts, Spans
@@ -67,6 +74,11 @@ SATURATED_MIN_SAMPLES = 2
 POOL_WAIT_SHARE = 0.2
 POOL_WAIT_MIN_MS = 5.0  # ... and at least this long at p90 (microseconds of queueing explain nothing)
 POOL_WAITED_SHARE = 0.05  # ... and at least this share of requests waited for a connection
+
+# Requests that queued while a server stall held connections are its consequence, unless they spent
+# this many times as long queued there as the stalled requests held connections: then the pool was
+# too small whatever the stall held (400 agents on a pool of 100, 50 of them hung: ~240 waiters)
+POOL_BEYOND_HELD = 2.0
 
 DISCONNECT_ERRORS = {"ServerDisconnectedError", "ClientOSError", "ClientPayloadError",
                      "ClientConnectionResetError", "incomplete_stream", "ConnectionResetError"}
@@ -280,12 +292,13 @@ class SampleDigest:
     """What the rules read of samples.jsonl, from one walk of it (the samples of a day-long run are
     86,400 lines: streamed, never held): how many, those whose pool state could be read, the most
     waiters, the largest event-loop lag and how many samples lagged past SATURATION_LAG_MS, the
-    pool samples taken while requests were stalled (and those with no waiter), those with more
+    pool samples taken while requests were stalled (those with no waiter, the most waiters among
+    them), those with more
     connections in use than requests using them, and the last sample's `stalled_by` that had any."""
 
     def __init__(self, samples: Iterable[dict[str, Any]]):
         self.n = self.pool = self.waiters_max = self.lagged = self.some_lag = 0
-        self.stalled_pool = self.stalled_free = self.leaked = 0
+        self.stalled_pool = self.stalled_free = self.stalled_waiters_max = self.leaked = 0
         self.max_lag = 0.0
         self.last_stalled_by: dict[str, int] | None = None
         for s in samples:
@@ -305,9 +318,114 @@ class SampleDigest:
             if s.get("stalled"):
                 self.stalled_pool += 1
                 self.stalled_free += w == 0
+                self.stalled_waiters_max = max(self.stalled_waiters_max, w)
             if w > 0 and pool.get("in_use", 0) > sum(k for ph, k in (s.get("inflight") or {}).items()
                                                     if ph != "pool_wait"):
                 self.leaked += 1
+
+
+def _end_ns(t: dict[str, int]) -> int:
+    return t["end"] if "end" in t else max(t.values())
+
+
+def queued_span(t: dict[str, int]) -> tuple[int, int] | None:
+    """When a request waited for a connection: its last queued_start to its queued_end, or to its
+    end when it was still queued then (aiohttp's connector queues a waiter again when another took
+    the slot it was woken for); None when it never queued."""
+    qs = t.get("queued_start")
+    if qs is None:
+        return None
+    qe = t.get("queued_end")
+    return qs, (qe if qe is not None and qe >= qs else max(qs, _end_ns(t)))
+
+
+class StallWindows:
+    """When requests stalled at the server held the client pool's connections: each such request
+    from the moment the pool gave it a connection to its end, merged into windows. A request that
+    queued for a connection inside a window waited (at least in part) for one a stalled request
+    held: the stall explains that queue, up to as many requests as it held connections."""
+
+    def __init__(self, stalled: Iterable[Record]):
+        spans = sorted((phase_begin(r.t, "send") or r.t.get("start", 0), _end_ns(r.t)) for r in stalled if r.t)
+        self.held_ns = sum(b - a for a, b in spans)  # connection-time the stalled requests held
+        self.lo: list[int] = []
+        self.hi: list[int] = []
+        for a, b in spans:
+            if self.hi and a <= self.hi[-1]:
+                self.hi[-1] = max(self.hi[-1], b)
+            else:
+                self.lo.append(a)
+                self.hi.append(b)
+        events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda x: (x[0], x[1]))
+        self.max_held = run = 0  # the most connections they held at once
+        for _, d in events:
+            run += d
+            self.max_held = max(self.max_held, run)
+
+    @property
+    def total_ns(self) -> int:
+        return sum(b - a for a, b in zip(self.lo, self.hi))
+
+    def __len__(self) -> int:
+        return len(self.lo)
+
+    def overlap_ns(self, a: int, b: int) -> int:
+        """How long [a, b] lies inside the windows."""
+        i = max(0, bisect.bisect_right(self.lo, a) - 1)
+        out = 0
+        while i < len(self.lo) and self.lo[i] <= b:
+            out += max(0, min(b, self.hi[i]) - max(a, self.lo[i]))
+            i += 1
+        return out
+
+    def touches(self, a: int, b: int) -> bool:
+        """Whether [a, b] meets a window (a point in one counts)."""
+        i = bisect.bisect_right(self.lo, b) - 1
+        return i >= 0 and self.hi[i] >= a
+
+
+class PoolApart:
+    """The pool rule's figures over the requests a server stall does not explain, from a second
+    streaming pass over the records (made only when the run had both server stalls and requests
+    that queued for a connection; bounded: two histograms, counts, the agents that waited).
+
+    A request whose wait for a connection met a stall window (or, without a wait, that started in
+    one) belongs to the stall; the others (`outside`) are judged as any run's requests. `queued_ns`:
+    the time requests spent queued inside the windows, to set against the connection-time the stalled
+    requests held there (a queue far longer than what they held was not theirs alone)."""
+
+    def __init__(self, data: "RunData", windows: StallWindows):
+        self.pool_wait = SparseHistogram()
+        self.e2e_ok = SparseHistogram()
+        self.n = 0  # agent requests outside the windows
+        self.waited = Waited()  # ... those that queued
+        self.behind = Waited()  # requests that queued inside the windows
+        self.queued_ns = 0  # queued time inside the windows, all requests
+        for r in data.iter_records():
+            if r.kind != "agent" or not r.t:
+                continue
+            t = r.t
+            q = queued_span(t)
+            if q is not None:
+                inside = windows.touches(*q)
+                self.queued_ns += windows.overlap_ns(*q)
+            else:
+                s = t.get("start")
+                inside = s is not None and windows.touches(s, s)
+            if inside:
+                if q is not None:
+                    self.behind.add(r)
+                continue
+            self.n += 1
+            if q is not None:
+                self.waited.add(r)
+            ns = phase_ns(t, "pool_wait", r.reused)
+            if ns is not None:
+                self.pool_wait.record_ns(ns)
+            if r.outcome == "ok":
+                ns = phase_ns(t, "e2e")
+                if ns is not None:
+                    self.e2e_ok.record_ns(ns)
 
 
 class Facts:
@@ -333,6 +451,8 @@ class Facts:
         troubled = acc.troubled
         self.stalled = [r for r in troubled if r.stalled_phase]
         self.errors = [r for r in troubled if r.outcome == "error"]
+        # ... but those that stalled at the server first: that stall's finding tells how they ended
+        self.errors_apart = [r for r in self.errors if r.stalled_phase not in SERVER_PHASES]
         # requests that completed but carried malformed events
         self.odd = [r for r in troubled if getattr(r, "bad_events", 0) and r.error not in PROTOCOL_ERRORS]
         self.fine = acc.fine  # how many completed without a stall
@@ -383,6 +503,39 @@ class Facts:
     def backend_lines(self, bad: list[Record], what: str) -> list[str]:
         """Which backend(s) served `bad` (the requests a finding is about), and the scheduled fault there."""
         return backend_evidence(self.data, bad, what, self.attribution, len(self.acc.backends))
+
+    @cached_property
+    def stall_windows(self) -> StallWindows | None:
+        """When requests stalled at the server held connections (None without a server stall)."""
+        return StallWindows(self.server_stalls) if self.server_stalls else None
+
+    def behind_stall(self, r: Record) -> bool:
+        """`r` queued for a connection inside a stall window: it waited for one a stalled request held."""
+        w = self.stall_windows
+        q = queued_span(r.t) if w is not None else None
+        return q is not None and w is not None and w.touches(*q)
+
+    @cached_property
+    def pool_apart(self) -> PoolApart | None:
+        """The pool's figures apart from the stall (None without a server stall or a request that queued)."""
+        w = self.stall_windows
+        return PoolApart(self.data, w) if w is not None and len(self.waited) else None
+
+    @cached_property
+    def queue_beyond_stall(self) -> float | None:
+        """How many times the connection-time the stalled requests held the requests spent queued in
+        the stall windows, where that is at least POOL_BEYOND_HELD (the pool was short of connections
+        whatever the stall held); else None."""
+        pa, w = self.pool_apart, self.stall_windows
+        if pa is None or w is None or not w.held_ns:
+            return None
+        ratio = pa.queued_ns / w.held_ns
+        return ratio if ratio >= POOL_BEYOND_HELD else None
+
+    @cached_property
+    def pool(self) -> "PoolJudgement | None":
+        """The pool rule's judgement, on the requests no stall explains (None: the pool is not a finding)."""
+        return judge_pool(self)
 
     @cached_property
     def pool_wait_ms(self) -> tuple[float | None, float | None]:
@@ -533,7 +686,8 @@ def canary_evidence(f: Facts, t0: int) -> list[str]:
 def rule_server_stall(f: Facts) -> Finding | None:
     """No progress past the pool (ttfb, ttft, stream) for stall.after_s. A request stalled at the
     server holds its connection: with a small pool the requests behind it wait in pool_wait;
-    that queue is a consequence, never the cause."""
+    that queue (in the stall's windows) is a consequence, never the cause. Pool queueing the stall
+    does not explain is the pool rule's, and this summary then says which is which."""
     st = f.server_stalls
     if not st:
         return None
@@ -542,7 +696,11 @@ def rule_server_stall(f: Facts) -> Finding | None:
     first_round = min(r.round for r in st)
     affected = {r.agent for r in st}
     all_finished = all(r.outcome == "ok" for r in st)
-    stopped = f.stopped_by(lambda r: r.stalled_phase is not None)
+    # the requests that queued for a connection a stalled request held, and stalled or timed out there
+    behind = [r for r in f.pool_stalls if f.behind_stall(r)]
+    behind_timeouts = [r for r in f.pool_timeouts if f.behind_stall(r)]
+    theirs = {id(r) for r in behind} | {id(r) for r in behind_timeouts}
+    stopped = f.stopped_by(lambda r: r.stalled_phase in SERVER_PHASES or id(r) in theirs)
     thr_text, thr = _threshold_evidence(st, f.fine_prompts, "stalled")
     if all_finished:
         worst = max((phase_ns(r.t, "e2e") or 0) for r in st) / 1e9
@@ -554,12 +712,22 @@ def rule_server_stall(f: Facts) -> Finding | None:
                    f"from round {first_round} on")
     if thr is not None:
         summary += f", every request at or above {thr:,} prompt tokens stalled"
-    queued_agents = {r.agent for r in f.pool_stalls} - affected
-    if not f.pool_stalls:
-        summary += "; the client pool is not the cause"
+    queued_agents = {r.agent for r in behind + behind_timeouts} - affected
+    pool = f.pool  # the pool's own finding, beside this one
+    if pool is None:
+        if not queued_agents:
+            summary += "; the client pool is not the cause"
+        else:
+            summary += (f"; they held the client pool's connections, so {len(queued_agents)} more agent(s) queued "
+                        f"behind them (a consequence, not the cause)")
     else:
-        summary += (f"; they held the client pool's connections, so {len(queued_agents)} more agent(s) queued "
-                    f"behind them (a consequence, not the cause)")
+        summary += "; the client pool is not the cause of the stall"
+        if pool.scope == "apart":
+            summary += ((f" ({len(queued_agents)} more agent(s) queued behind it, a consequence)" if queued_agents
+                         else "") + ", but it queued requests outside the stall too: see client_pool")
+        else:
+            summary += (", but it queued far more requests than the stalled ones held connections: "
+                        "see client_pool")
     fnd = Finding(Kind.SERVER_SLOW if all_finished else Kind.SERVER_STALL, summary, main_phase, first_round,
                   len(affected | queued_agents), len(stopped))
     ev = fnd.evidence
@@ -577,17 +745,26 @@ def rule_server_stall(f: Facts) -> Finding | None:
     pings = sum(r.comments for r in st)
     if pings:
         ev.append(f"{pings} SSE comment(s) (': ping') arrived on stalled requests: bytes flowed, tokens did not")
-    stalled_samples, free = f.sample_digest.stalled_pool, f.sample_digest.stalled_free
-    if stalled_samples:
-        ev.append(f"the pool had no waiters queued in {free} of {stalled_samples} samples taken while "
-                  f"requests were stalled (limit {f.limit or 'unlimited'}, max waiters seen {f.waiters_max})")
+    sd = f.sample_digest
+    stalled_samples, queued = sd.stalled_pool, sd.stalled_pool - sd.stalled_free
+    if stalled_samples and not queued:
+        ev.append(f"the pool had no waiters queued in any of the {stalled_samples} samples taken while requests "
+                  f"were stalled (limit {f.limit or 'unlimited'})")
+    elif stalled_samples:
+        ev.append(f"the pool had waiters queued in {queued} of {stalled_samples} samples taken while requests "
+                  f"were stalled (max {sd.stalled_waiters_max}; limit {f.limit or 'unlimited'}, of which the "
+                  f"stalled requests held up to {f.stall_windows.max_held if f.stall_windows else 0})")
     ev.append(f"stalled requests on reused keep-alive connections: {sum(1 for r in st if r.reused)}, on new "
               f"connections: {sum(1 for r in st if r.reused is False)}")
     t0 = min(r.t.get("start", 0) for r in st)
     ev.extend(canary_evidence(f, t0))
-    if f.pool_stalls:
-        ev.append(f"{len(f.pool_stalls)} more request(s) stalled in pool_wait behind them: the stalled requests "
+    if behind:
+        ev.append(f"{len(behind)} more request(s) stalled in pool_wait behind them: the stalled requests "
                   f"held the pool's connections (limit {f.limit}, up to {f.waiters_max} waiters)")
+    if behind_timeouts:
+        pt = (f.scenario.get("client") or {}).get("pool_timeout_s")
+        ev.append(f"{len(behind_timeouts)} request(s) queued behind them timed out waiting for a connection "
+                  f"(client.pool_timeout_s = {pt})")
     gave_up = sum(1 for r in st if r.outcome == "stalled")
     later_ok = sum(1 for r in st if r.outcome == "ok")
     ended = Counter(r.error for r in st if r.outcome == "error")
@@ -597,44 +774,111 @@ def rule_server_stall(f: Facts) -> Finding | None:
     return fnd
 
 
-def rule_client_pool(f: Facts) -> Finding | None:
-    """Time lost queued for a connection, read from every record's own pool wait (whatever the run
-    length); the once-a-second sampler only corroborates. Behind a server stall the queue is a
-    consequence, and the stall rule tells that story."""
-    if f.server_stalls:
+@dataclass
+class PoolJudgement:
+    """What the pool rule found, over the requests it judges (`scope`): the whole run ("run"); beside
+    a server stall, the requests outside its windows ("apart"), or every request when the queue in
+    the windows was far longer than what the stalled requests held ("beyond")."""
+
+    scope: str
+    pw50: float | None
+    pw90: float | None
+    e50: float | None
+    e90: float | None
+    share50: bool
+    waited: Waited
+    n: int
+    stalls: list[Record]  # requests stalled in pool_wait that are the pool's own
+    timeouts: list[Record]  # ... and those that timed out queued
+
+
+def judge_pool(f: Facts) -> PoolJudgement | None:
+    """The pool rule's test on the requests no server stall explains: pool_wait a large share of
+    e2e, long enough to matter, met by enough requests; or requests stalled or timed out queued."""
+    if f.stall_windows is None:
+        scope = "run"
+    elif f.pool_apart is None:  # a server stall, and no request queued at all
         return None
-    pw50, pw90 = f.pool_wait_ms
-    e50, e90 = f.e2e_ms
-    waited = f.waited
-    n = f.requests
+    else:
+        scope = "beyond" if f.queue_beyond_stall is not None else "apart"
+    if scope == "apart":
+        pa = f.pool_apart
+        assert pa is not None
+        pct = percentiles_ms(pa.pool_wait, (50, 90)) or {}
+        pw50, pw90 = pct.get(50), pct.get(90)
+        pct = percentiles_ms(pa.e2e_ok, (50, 90)) or {}
+        e50, e90 = pct.get(50), pct.get(90)
+        waited, n = pa.waited, pa.n
+        stalls = [r for r in f.pool_stalls if not f.behind_stall(r)]
+        timeouts = [r for r in f.pool_timeouts if not f.behind_stall(r)]
+    else:
+        (pw50, pw90), (e50, e90) = f.pool_wait_ms, f.e2e_ms
+        waited, n, stalls, timeouts = f.waited, f.requests, f.pool_stalls, f.pool_timeouts
     share50 = bool(pw50 is not None and e50 and pw50 >= POOL_WAIT_SHARE * e50)
     share_ok = share50 or bool(pw90 is not None and e90 and pw90 >= POOL_WAIT_SHARE * e90)
     slow = share_ok and (pw90 or 0) >= POOL_WAIT_MIN_MS and len(waited) >= POOL_WAITED_SHARE * n
-    if not (f.pool_stalls or f.pool_timeouts or slow):
+    if not (stalls or timeouts or slow):
         return None
-    who = f.pool_stalls or f.pool_timeouts  # else every request that waited
+    return PoolJudgement(scope, pw50, pw90, e50, e90, share50, waited, n, stalls, timeouts)
+
+
+def rule_client_pool(f: Facts) -> Finding | None:
+    """Time lost queued for a connection, read from every record's own pool wait (whatever the run
+    length); the once-a-second sampler only corroborates. Beside a server stall the requests that
+    queued for a connection a stalled request held are the stall's consequence (that rule tells
+    them); the pool is judged on the others, or on all of them when the queue there was far longer
+    than what the stalled requests held."""
+    pj = f.pool
+    if pj is None:
+        return None
+    pw50, pw90, e50, e90, waited, n = pj.pw50, pj.pw90, pj.e50, pj.e90, pj.waited, pj.n
+    who = pj.stalls or pj.timeouts  # else every request that waited
     first_round = min(r.round for r in who) if who else waited.first_round
     who_agents = len({r.agent for r in who}) if who else len(waited.agents)
-    timed_out = {id(r) for r in f.pool_timeouts}
-    stopped = f.stopped_by(lambda r: r.stalled_phase == "pool_wait" or id(r) in timed_out)
+    mine = {id(r) for r in pj.stalls} | {id(r) for r in pj.timeouts}
+    stopped = f.stopped_by(lambda r: id(r) in mine)
     # the headline quotes the percentile that shows the wait: p50 when most requests wait long, else
     # p90 (a queue that a quarter of the requests meet has a p50 of 0, which would read as no queue)
-    q, pw, e = ("p50", pw50, e50) if share50 or pw90 is None else ("p90", pw90, e90)
-    fnd = Finding(Kind.CLIENT_POOL,
-                  f"client pool exhausted: requests waited for a free connection (limit {f.limit}): pool_wait {q} "
-                  f"{_dur(pw)} = {_share(pw, e)} of e2e {q} {_dur(e)}; {len(waited)} of {n} requests "
-                  f"waited; the server was not the bottleneck",
-                  "pool_wait", first_round, who_agents, len(stopped))
+    q, pw, e = ("p50", pw50, e50) if pj.share50 or pw90 is None else ("p90", pw90, e90)
+    figures = f"pool_wait {q} {_dur(pw)} = {_share(pw, e)} of e2e {q} {_dur(e)}"
+    w = f.stall_windows
+    if pj.scope == "run":
+        summary = (f"client pool exhausted: requests waited for a free connection (limit {f.limit}): {figures}; "
+                   f"{len(waited)} of {n} requests waited; the server was not the bottleneck")
+    elif pj.scope == "apart":
+        summary = (f"client pool exhausted apart from the server stall: outside the stall windows requests waited "
+                   f"for a free connection (limit {f.limit}): {figures}; {len(waited)} of {n} requests there "
+                   f"waited (those queued behind the stalled requests are the stall's)")
+    else:
+        summary = (f"client pool exhausted beyond the server stall: requests waited for a free connection "
+                   f"(limit {f.limit}): {figures}; {len(waited)} of {n} requests waited; while requests were "
+                   f"stalled, requests spent {f.queue_beyond_stall:.1f}x as long queued as the stalled requests "
+                   f"held connections")
+    fnd = Finding(Kind.CLIENT_POOL, summary, "pool_wait", first_round, who_agents, len(stopped))
     ev = fnd.evidence
     ev.append(f"rule: pool_wait at least {POOL_WAIT_SHARE:.0%} of e2e at p50 or p90, p90 at least "
-              f"{POOL_WAIT_MIN_MS:g} ms, and at least {POOL_WAITED_SHARE:.0%} of requests waited; here pool_wait "
-              f"p50 {_dur(pw50)} / p90 {_dur(pw90)}, e2e p50 {_dur(e50)} / p90 {_dur(e90)}, "
-              f"{len(waited)} of {n} requests waited")
-    if f.pool_stalls:
-        ev.append(f"{len(f.pool_stalls)} request(s) stalled in pool_wait (no connection for stall.after_s)")
-    if f.pool_timeouts:
+              f"{POOL_WAIT_MIN_MS:g} ms, and at least {POOL_WAITED_SHARE:.0%} of requests waited; here"
+              + (" (outside the stall windows)" if pj.scope == "apart" else "")
+              + f" pool_wait p50 {_dur(pw50)} / p90 {_dur(pw90)}, e2e p50 {_dur(e50)} / p90 {_dur(e90)}, "
+                f"{len(waited)} of {n} requests waited")
+    if w is not None and f.pool_apart is not None:
+        pa = f.pool_apart
+        span = (f"{len(w)} stall window(s), {w.total_ns / 1e9:.1f} s in all, while requests stalled at the server "
+                f"held up to {w.max_held} of the pool's connections (limit {f.limit or 'unlimited'})")
+        behind = f"{len(pa.behind)} request(s) of {len(pa.behind.agents)} agent(s) queued inside them"
+        ratio = pa.queued_ns / w.held_ns if w.held_ns else 0.0
+        if pj.scope == "apart":
+            ev.append(f"{span}; {behind}, for connections the stalled requests held: the stall's consequence, "
+                      f"not counted here")
+        else:
+            ev.append(f"{span}; {behind} and spent {ratio:.1f}x as long queued as the stalled requests held "
+                      f"connections (at least {POOL_BEYOND_HELD:g}x: the pool was short whatever they held), so "
+                      f"every request counts here")
+    if pj.stalls:
+        ev.append(f"{len(pj.stalls)} request(s) stalled in pool_wait (no connection for stall.after_s)")
+    if pj.timeouts:
         pt = (f.scenario.get("client") or {}).get("pool_timeout_s")
-        ev.append(f"{len(f.pool_timeouts)} request(s) failed waiting for a connection (connect_timeout while "
+        ev.append(f"{len(pj.timeouts)} request(s) failed waiting for a connection (connect_timeout while "
                   f"queued: client.pool_timeout_s = {pt})")
     if f.waiters_max:
         ev.append(f"the one-second sampler saw up to {f.waiters_max} request(s) queued for a connection at "
@@ -672,7 +916,7 @@ def _error_finding(f: Facts, kind: Kind, errs: list[Record], summary: str, phase
 
 def rule_connect(f: Facts) -> Finding | None:
     pool = {id(r) for r in f.pool_timeouts}
-    errs = [r for r in f.errors if r.error in CONNECT_ERRORS and id(r) not in pool]
+    errs = [r for r in f.errors_apart if r.error in CONNECT_ERRORS and id(r) not in pool]
     if not errs:
         return None
     fnd = _error_finding(f, Kind.CONNECT, errs,
@@ -685,7 +929,7 @@ def rule_connect(f: Facts) -> Finding | None:
 def rule_disconnects(f: Facts) -> Finding | None:
     """The other side closed the connection. A POST lost on a stale keep-alive connection is not
     retried by aiohttp: every one is an agent request that failed for nothing."""
-    errs = [r for r in f.errors if r.error in DISCONNECT_ERRORS]
+    errs = [r for r in f.errors_apart if r.error in DISCONNECT_ERRORS]
     if not errs:
         return None
     stale = [r for r in errs if r.reused and "headers" not in r.t]
@@ -705,7 +949,7 @@ def rule_disconnects(f: Facts) -> Finding | None:
 
 
 def rule_server_errors(f: Facts) -> Finding | None:
-    errs = [r for r in f.errors if is_server_error(r.error)]
+    errs = [r for r in f.errors_apart if is_server_error(r.error)]
     if not errs:
         return None
     by_round = Counter(r.round for r in errs)
@@ -731,7 +975,7 @@ def rule_bad_responses(f: Facts) -> Finding | None:
     """Answers that came back but did not follow the protocol: not an event stream, unparseable
     events, a stream with no token and no finish_reason. Malformed events in answers that
     otherwise completed count too: agentload did not see them go right."""
-    errs = [r for r in f.errors if r.error in PROTOCOL_ERRORS]
+    errs = [r for r in f.errors_apart if r.error in PROTOCOL_ERRORS]
     odd = f.odd
     if not errs and not odd:
         return None
@@ -831,17 +1075,19 @@ def rule_killed_while_stalled(f: Facts) -> Finding | None:
 def rule_canary_failures(f: Facts) -> Finding | None:
     """Canaries (a fresh connection and a short prompt every canary.every_s) that failed are
     something agentload did not see go right, even when every agent request did. A canary the run
-    cut short at its end is neither a success nor a failure. Behind a server stall the canaries
-    are that rule's evidence, not a finding of their own."""
-    if f.server_stalls:
-        return None
+    cut short at its end is neither a success nor a failure. Canaries that failed while requests
+    stalled at the server are that rule's evidence; only those outside its windows are a finding."""
     failed = f.canary.failed()
+    w = f.stall_windows
+    if w is not None:
+        failed = [c for c in failed if not c.t or not w.touches(c.t.get("start", 0), _end_ns(c.t))]
     if not failed:
         return None
     sent = f.canary.sent()
     timeout = (f.scenario.get("canary") or {}).get("timeout_s")
     fnd = Finding(Kind.CANARY_FAILURES,
-                  f"canaries failed: {len(failed)} of {sent} (fresh connection, short prompt) "
+                  f"canaries failed{' outside the server stall' if w is not None else ''}: {len(failed)} of {sent} "
+                  f"(fresh connection, short prompt) "
                   f"({fmt_counts(Counter(c.error or c.outcome for c in failed))})",
                   phase_at(failed[0].t, failed[0].reused))
     fnd.evidence.append(f"sample message: {failed[0].error_msg}"
