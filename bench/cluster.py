@@ -10,7 +10,7 @@ workers, Ray's GCS, raylet and actors included, also those killed without being 
 is not counted), the
 Ray driver's own CPU per shard per second (run.json `driver`), and how many records a second the
 driver can move onto its clock (`shift_lines`, measured alone on one core). Median of --repeat.
-Nothing is asserted; the numbers go to README with this command.
+Nothing is asserted; the numbers go to docs/sharded-runs.md with this command.
 """
 
 from __future__ import annotations

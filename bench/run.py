@@ -23,7 +23,7 @@ What it does, for each row:
 - timing error: for every request, the client's first-token stamp minus the server's own send
   stamp `mock_sent_ns` (both `time.perf_counter_ns()`, CLOCK_MONOTONIC on one host), p50/p99.
 
-No speed threshold is asserted anywhere: the numbers are printed, the README keeps a measured table.
+No speed threshold is asserted anywhere: the numbers are printed, docs/performance.md keeps a measured table.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 loopback. Each test is a real agentload run over real HTTP; prompts stay small (the server
 evaluates ~180 prompt tokens/s on this 2-core machine and serves one request at a time).
 
-What this server does that the tests rely on (measured, see README "llama.cpp's server"):
+What this server does that the tests rely on (measured, see docs/routers.md "llama.cpp's server"):
 - one request at a time; a queued request gets its response headers at once (the SSE response
   starts before the model lock is taken), so its wait shows as `ttft`, not `ttfb`;
 - `--interrupt_requests true` (its default) ends a running stream with `[DONE]` after the next

@@ -1,6 +1,6 @@
 """The phase table (agentload.records.phases) is the one definition of the phases: every list of
 phases other code uses is derived from it, and what it derives keeps the meanings documented in
-README (which phase a request is in, what a phase lasts, which stamps exist)."""
+docs/report.md (which phase a request is in, what a phase lasts, which stamps exist)."""
 
 from __future__ import annotations
 
@@ -40,10 +40,10 @@ def test_the_consumers_read_the_table():
     assert not hasattr(timeline, "TIMELINE_KINDS")
 
 
-def test_readme_lists_the_phases_of_the_table():
-    readme = (REPO / "README.md").read_text()
-    part = readme[readme.index("### Phases"):]
-    part = part[: part.index("\n\n", part.index("|"))]
+def test_the_docs_list_the_phases_of_the_table():
+    page = (REPO / "docs" / "report.md").read_text()
+    part = page[page.index("## Phases"):]
+    part = (part + "\n\n")[: (part + "\n\n").index("\n\n", part.index("|"))]
     listed = re.findall(r"^\| `([a-z_0-9]+)` \|", part, flags=re.M)
     assert listed == [p.name for p in ph.TABLE]
 

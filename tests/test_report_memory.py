@@ -4,7 +4,7 @@ of rounds, not the load"): the same records spread over 10 and over 5,000 rounds
 
 Peak memory is traced with tracemalloc around `write_reports` alone (the records are on disk, as
 `agentload report` reads them). Not a speed test: no time is asserted. The figures of a day-long
-run with 10,000 rounds are in README's performance section (`tools/gen_long_run.py`)."""
+run with 10,000 rounds are in docs/memory.md (`tools/gen_long_run.py`)."""
 
 from __future__ import annotations
 

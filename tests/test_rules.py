@@ -337,12 +337,18 @@ def test_ties_go_to_the_rule_listed_first():
     assert kinds(run) == ["server_stall", "server_errors"]  # one agent each: RULES order
 
 
-def test_every_rule_has_a_kind_in_the_enumeration_and_readme_lists_every_kind():
-    readme = (REPO / "README.md").read_text()
-    para = readme[readme.index("Verdict kinds:"):]
+# The documented list of verdict kinds: a new `Kind` needs its `- `kind`: ...` line there.
+VERDICT_KINDS_PAGE = REPO / "docs" / "verdicts.md"
+
+
+def test_every_rule_has_a_kind_in_the_enumeration_and_the_docs_list_every_kind():
+    page = VERDICT_KINDS_PAGE.read_text()
+    para = page[page.index("Verdict kinds:"):]
     para = para[: para.index("\n\n")]
     listed = set(re.findall(r"^- `([a-z_]+)`", para, flags=re.M))
-    assert listed == {k.value for k in Kind}, (listed ^ {k.value for k in Kind})
+    code = {k.value for k in Kind}
+    assert listed == code, (f"{VERDICT_KINDS_PAGE.relative_to(REPO)} lists {sorted(listed - code)} that Kind lacks "
+                            f"and lacks {sorted(code - listed)}: one `- `kind`: what it means` line per Kind")
     assert len(RULES) == len(set(RULES))
 
 

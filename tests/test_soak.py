@@ -3,7 +3,7 @@ smg -> two mock backends, for a few minutes, as the CLI a user runs. Shows that 
 resident memory and file descriptors stay flat after warm-up, and prints the numbers.
 
 Part of the normal suite (120 s by default). Knobs for a longer run,
-e.g. the README's figures:
+e.g. the figures in docs/soak.md:
 
     AGENTLOAD_SOAK_S=600 AGENTLOAD_SOAK_OUT=reports/soak-smg python3 -m pytest -q -s tests/test_soak.py
 

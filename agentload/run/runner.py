@@ -94,7 +94,7 @@ def pace_collector() -> None:
     what survived. The collector counts allocations minus deallocations, and the frozen objects of
     the agents' first requests die as the agents go on: their deaths offset the new requests'
     allocations, so the new objects piled up in generation 0 without a pass being due. 100,000
-    agents (README's run B) then had young passes over hundreds of thousands of objects, 60-310 ms
+    agents (docs/memory.md's run B) then had young passes over hundreds of thousands of objects, 60-310 ms
     each. Collected each second, the young generations hold one second of survivors (a few ms). A
     reference cycle that becomes garbage after it was frozen waits for the run's end, as at start-up:
     the ones a run makes over and over are broken where they are made (`errors.drop_tracebacks` for
