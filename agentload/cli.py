@@ -33,6 +33,22 @@ def _echo(text: str, err: bool = False) -> None:
     typer.echo(redact(text), err=err)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from agentload import __version__
+
+        typer.echo(f"agentload {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print agentload's version and exit")] = False,
+) -> None:
+    pass
+
+
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a field: section.key=value (repeatable)")]
 
 

@@ -71,3 +71,14 @@ def test_the_readme_stays_short_and_links_pages_that_exist():
     for link in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert (REPO / link).exists(), link
 
+
+
+def test_the_readmes_scenario_excerpt_is_a_scenario(tmp_path):
+    readme = (REPO / "README.md").read_text()
+    (block,) = re.findall(r"```toml\n(.*?)```", readme, flags=re.S)
+    path = tmp_path / "excerpt.toml"
+    path.write_text(block)
+    sc = load_scenario(str(path))
+    assert (sc.agents.count, sc.stall.after_s, sc.mock.hang_above_tokens) == (12, 2.0, 6000)
+    packaged = load_scenario("long-context-hang")  # the excerpt says it is taken from there
+    assert (packaged.agents.count, packaged.stall.after_s, packaged.mock.hang_above_tokens) == (12, 2.0, 6000)
