@@ -180,7 +180,7 @@ def prepare_run_dir(run_dir: Path) -> None:
         try:
             entries = sorted(p.name for p in run_dir.iterdir())
         except OSError as e:
-            raise UserError(f"{run_dir}: cannot read the run folder (--out): {e.strerror or e}")
+            raise UserError(f"{run_dir}: cannot read the run folder (--out): {e.strerror or e}") from e
         if entries:
             shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
             raise UserError(f"{run_dir}: expected a new or empty run folder (--out), it holds {len(entries)} "
@@ -192,7 +192,7 @@ def prepare_run_dir(run_dir: Path) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise UserError(f"{run_dir}: cannot write the run folder (--out): {e.strerror or e.__class__.__name__}")
+        raise UserError(f"{run_dir}: cannot write the run folder (--out): {e.strerror or e.__class__.__name__}") from e
 
 
 def endpoint_hint(endpoint: str | None) -> str | None:

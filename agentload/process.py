@@ -294,7 +294,7 @@ def wait_lines(children: Sequence[ChildProcess], prefix: str, timeout_s: float) 
                         sel.unregister(fd)
                         del pending[fd]
                         break
-            for fd, c in list(pending.items()):
+            for c in list(pending.values()):
                 if c.poll() is not None:
                     raise NotReady(f"{c.name} exited with status {c.poll()}", c, exited=True,
                                    timeout_s=timeout_s, pending=len(pending))

@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"callgrind{' with cache and branch simulation' if not a.no_cache_sim else ''}; the counts of "
           f"{r1} and {r2} rounds" + (f", and of 1 and 2 rounds against a server that waits {a.idle_ms:g} ms, "
                                      f"split into per request (/req) and per second (/s)" if a.idle_ms > 0 else
-                                     f" (per request, the per-second work included: --idle-ms 0)"), flush=True)
+                                     " (per request, the per-second work included: --idle-ms 0)"), flush=True)
     rows = []
     notes: list[str] = []
     for mode, conc in plan:

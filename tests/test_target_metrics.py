@@ -133,7 +133,7 @@ def _run_dir(tmp_path: Path, router_active: dict[str, float], engine_running: fl
     (tmp_path / "records.jsonl").write_bytes(b"".join(r.to_json() + b"\n" for r in recs))
     url = "http://127.0.0.1:29000/metrics"
     lines = []
-    for i, t in enumerate((1.0, 4.0, 7.0, 9.0)):
+    for t in (1.0, 4.0, 7.0, 9.0):
         v = {series_key("smg_worker_requests_active", {"worker": w}): (x if 2 <= t <= 8 else 0.0)
              for w, x in router_active.items()}
         v["vllm:num_requests_running"] = engine_running

@@ -17,7 +17,6 @@ import re
 import sys
 import textwrap
 import tokenize
-import typing
 from pathlib import Path
 from typing import Any, Iterator
 

@@ -292,7 +292,7 @@ def expand_targets(paths: list[Path]) -> tuple[list[Path], list[str] | None, Pat
                 runs = [base / v["dir"] for v in doc.get("variants", [])]
                 names = [v["name"] for v in doc.get("variants", [])]
             except (orjson.JSONDecodeError, KeyError, TypeError) as e:
-                raise UserError(f"{cj}: not a compare.json written by agentload ({e})")
+                raise UserError(f"{cj}: not a compare.json written by agentload ({e})") from e
             if runs and all((r / "run.json").exists() for r in runs):
                 return runs, names, base
         subs = sorted((d for d in base.iterdir() if (d / "run.json").exists()), key=_started) if base.is_dir() else []

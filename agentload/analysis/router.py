@@ -586,7 +586,7 @@ class RouterPass:
         order = [(b.name, b.role) for b in self.backends]
         order += sorted(k for k in self.tallies if k not in order)
         role_total = Counter()
-        for (name, role), t in self.tallies.items():
+        for (_name, role), t in self.tallies.items():
             role_total[role] += t.requests
         out = []
         for name, role in order:

@@ -304,7 +304,7 @@ def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *,
                     metas[i] = m
                     if got.get("error"):
                         lost[i] = f"the shard's run failed: {got['error']}"
-            for i, ref in list(pending.items()):
+            for i in list(pending):
                 waited = time.monotonic() - asked_at[i]
                 if waited > poll_timeout_s and not any(s["shard"] == i and s.get("open") for s in stalls):
                     stalls.append({"shard": i, "since_s": round(time.perf_counter_ns() / 1e9 - meta["t0_ns"] / 1e9 - waited, 3),

@@ -185,9 +185,9 @@ def _read_meta(d: Path) -> dict[str, Any]:
     try:
         meta = orjson.loads((d / "run.json").read_bytes())
     except FileNotFoundError:
-        raise UserError(f"{d}: not a run folder (no run.json)")
+        raise UserError(f"{d}: not a run folder (no run.json)") from None
     except orjson.JSONDecodeError as e:
-        raise UserError(f"{d}/run.json: expected JSON ({e})")
+        raise UserError(f"{d}/run.json: expected JSON ({e})") from e
     if not isinstance(meta, dict) or "t0_ns" not in meta or "t0_unix" not in meta:
         raise UserError(f"{d}/run.json: expected t0_ns and t0_unix (the clock anchors of a run)")
     return meta

@@ -356,7 +356,7 @@ def load_run(path: Path) -> RunData:
     try:
         meta = orjson.loads(meta_path.read_bytes())
     except orjson.JSONDecodeError as e:
-        raise UserError(f"{meta_path}: not valid JSON ({e})")
+        raise UserError(f"{meta_path}: not valid JSON ({e})") from e
     if not isinstance(meta, dict):
         raise UserError(f"{meta_path}: expected a JSON object (the run's metadata written by `agentload run`)")
     register_target((meta.get("scenario") or {}).get("target") or {})  # the secrets this environment holds

@@ -191,7 +191,7 @@ def chosen_series(tm: TargetMetrics, names: tuple[str, ...] | list[str] | None =
     unless they are in ALWAYS (where a 0 is the evidence)."""
     chosen = tuple(names) if names else CHOSEN
     out = []
-    for (url, key), s in tm.series.items():
+    for s in tm.series.values():
         if not _matches(s.name, chosen):
             continue
         if s.max() == 0 and not (names or _matches(s.name, ALWAYS)):

@@ -133,7 +133,7 @@ class Exporter:
         except OSError as e:
             await self._runner.cleanup()
             self._runner = None
-            raise UserError(f"--metrics-port {self.port}: cannot listen on {self.host}:{self.port} ({e.strerror or e})")
+            raise UserError(f"--metrics-port {self.port}: cannot listen on {self.host}:{self.port} ({e.strerror or e})") from e
         self.port = self._runner.addresses[0][1]
         return self.port
 

@@ -482,7 +482,7 @@ def resolve_path(path_or_name: str | None) -> tuple[str, str]:
         try:
             return str(p), p.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
-            raise ScenarioError(str(p), "(file)", f"expected a readable UTF-8 TOML file ({e.__class__.__name__})")
+            raise ScenarioError(str(p), "(file)", f"expected a readable UTF-8 TOML file ({e.__class__.__name__})") from e
     name = p.name[:-5] if p.name.endswith(".toml") else p.name
     res = resources.files("agentload.scenarios").joinpath(f"{name}.toml")
     if res.is_file() and (p.parent == Path(".") or not p.exists()):
@@ -497,7 +497,7 @@ def load_scenario(path_or_name: str | None = None, overrides: list[str] | None =
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ScenarioError(source, "(syntax)", f"expected valid TOML: {e}")
+        raise ScenarioError(source, "(syntax)", f"expected valid TOML: {e}") from e
     written = apply_overrides(raw, overrides or [])
     try:
         return parse_scenario(raw, source)
