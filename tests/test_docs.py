@@ -59,10 +59,14 @@ def test_the_reference_carries_what_the_source_says_beside_a_field():
 
 
 def test_every_docs_page_is_in_the_navigation_and_every_nav_entry_exists():
+    import mkdocs_hooks  # tools/: the pages the site generates
+
     nav = re.findall(r"^  - [^:]+: (\S+\.md)$", (REPO / "mkdocs.yml").read_text(), flags=re.M)
     pages = {p.name for p in (REPO / "docs").glob("*.md")}
-    assert set(nav) == pages | {scenario_reference.PAGE}, set(nav) ^ (pages | {scenario_reference.PAGE})
-    assert scenario_reference.PAGE not in pages  # generated when the site is built, never written
+    generated = set(mkdocs_hooks.GENERATED)
+    assert scenario_reference.PAGE in generated and not generated & pages  # generated at build, never written
+    assert set(nav) == pages | generated, set(nav) ^ (pages | generated)
+    assert mkdocs_hooks.GENERATED["changelog.md"]() == (REPO / "CHANGELOG.md").read_text()
 
 
 def test_the_readme_stays_short_and_links_pages_that_exist():
