@@ -77,9 +77,10 @@ class _Template(Check):
 
 @dataclass(frozen=True)
 class BackendConfig:
+    # in reports, the schedule (`backend = "b2"`) and system_fingerprint; default b0, b1, ... by position
     name: Optional[str] = setting(None, Opt(Text("a backend name (letters, digits, - and _)", nonblank=True)))
-    role: Literal["worker", "prefill", "decode"] = "worker"
-    mock: dict = setting({}, _MockOverrides())
+    role: Literal["worker", "prefill", "decode"] = "worker"  # prefill / decode with [fleet] mode = "pd"
+    mock: dict = setting({}, _MockOverrides())  # [mock] keys for this backend, over the scenario's [mock]
     port: Optional[int] = setting(None, Opt(Whole(1)))  # fixed port (for a router started elsewhere); else free
     bootstrap_port: Optional[int] = setting(None, Opt(Whole(1)))  # PD prefill: smg's `--prefill URL PORT`
 
@@ -91,9 +92,9 @@ class BackendConfig:
 @dataclass(frozen=True)
 class FleetConfig:
     count: int = setting(0, Whole(0))  # N workers b0..b{N-1} with the [mock] settings (when backends is empty)
-    mode: Literal["plain", "pd"] = "plain"
+    mode: Literal["plain", "pd"] = "plain"  # "pd": prefill and decode backends (smg --pd-disaggregation)
     backends: tuple = setting((), Items(Model(BackendConfig), into=tuple, expected="a list of [[fleet.backends]] tables"))
-    ready_timeout_s: float = setting(15.0, Number(0, above=True))
+    ready_timeout_s: float = setting(15.0, Number(0, above=True))  # for each mock backend to start and listen
     # seconds the agents wait after everything is ready (lets a router's first health checks pass)
     settle_s: float = setting(0.0, Number(0))
 
@@ -130,20 +131,24 @@ class RouterConfig:
     # [target] endpoint (backends then need fixed ports in [[fleet.backends]] port)
     command: Optional[str] = setting(None, Opt(_Template()))
     kind: Optional[str] = None  # shown in reports; default: the command's program name
+    # the command's {policy}, and shown in reports (`--vary router.policy=round_robin,cache_aware`)
     policy: Optional[str] = setting(None, Opt(Text("a routing policy name", nonblank=True, one_line=True)))
-    endpoint: str = setting("http://127.0.0.1:{port}/v1", Text("a URL template", nonblank=True))
+    endpoint: str = setting("http://127.0.0.1:{port}/v1", Text("a URL template", nonblank=True))  # the agents' target
     # answers 200 when the router can route (a JSON body with "healthy_workers" must also count every backend)
     ready_url: str = setting("http://127.0.0.1:{port}/readiness", Text("a URL template", nonblank=True))
+    # the router's Prometheus endpoint, scraped into target_metrics.jsonl
     metrics_url: Optional[str] = setting(None, Opt(Text("a URL template", nonblank=True)))
-    ready_timeout_s: float = setting(60.0, Number(0, above=True))
-    stop_timeout_s: float = setting(5.0, Number(0, above=True))
+    ready_timeout_s: float = setting(60.0, Number(0, above=True))  # for ready_url (and metrics_url) to answer
+    stop_timeout_s: float = setting(5.0, Number(0, above=True))  # seconds from SIGTERM at the end to SIGKILL
 
 
 @dataclass(frozen=True)
 class ScheduledFault:
-    at_s: float = setting(check=Number(0))
+    at_s: float = setting(check=Number(0))  # seconds from the run's start (run.json t0_ns)
     backend: int | str = setting(check=Either(Whole(0), Text("a backend name", nonblank=True),
                                               expected="a backend index (0, 1, ...) or name"))
+    # hang, slow, errors, drop: live, through the mock's POST /mock/fault; stop (SIGTERM), kill
+    # (SIGKILL): the process, restarted on its own port after for_s
     fault: str = setting(check=Choice(*FAULTS))
     for_s: Optional[float] = setting(None, Opt(Number(0, above=True)))  # None: until the run ends
     slow_factor: float = setting(10.0, Number(1, above=True))  # fault = "slow": latencies x this
