@@ -216,3 +216,38 @@ def test_litellm_already_running_in_front_of_the_fleet_keeps_attribution(tmp_pat
         "a request LiteLLM served could not be attributed to a backend"
     print(f"attributed by system_fingerprint: {len(via_fingerprint)}/{len(recs)}; by request log: "
           f"{sum(1 for r in recs if r.id_sent in logged)}/{len(recs)}")
+
+
+@needs_smg
+def test_a_scheduled_hang_and_a_pool_too_small_are_both_in_the_verdict(tmp_path):
+    """Issue 32: a soak on a pool too small for its agents, with b1 hung for 5 s mid-run. The hang
+    is a server stall; the queueing for connections outside it is the pool's own finding, which
+    the stall once switched off (and then said "the client pool is not the cause")."""
+    out = tmp_path / "hang-pool"
+    run_scenario("router-soak-smg", out, SHORT + [
+        "agents.duration_s=16", "router.policy=\"round_robin\"", "client.limit=2", "stall.after_s=1.0",
+        "stall.give_up_s=3.0", "schedule=[{at_s=6.0, backend=\"b1\", fault=\"hang\", for_s=5.0}]"])
+    v = _summary(out)["verdict"]
+    found = {x["kind"]: x for x in [v, *v["secondary"]]}
+    stall = found.get("server_stall") or found.get("server_slow")
+    assert stall is not None, v
+    assert "client_pool" in found, v
+    pool = found["client_pool"]
+    # each says which is which
+    assert "the client pool is not the cause of the stall" in stall["summary"] and "see client_pool" in stall["summary"]
+    assert "the client pool is not the cause;" not in stall["summary"] and not stall["summary"].endswith("not the cause")
+    assert pool["summary"].startswith(("client pool exhausted apart from the server stall",
+                                       "client pool exhausted beyond the server stall")), pool["summary"]
+    assert "the server was not the bottleneck" not in pool["summary"]
+    # the records agree: outside the hang's window, requests spent a large share of e2e queued
+    events = [orjson.loads(x) for x in (out / "schedule.jsonl").read_bytes().splitlines()]
+    start_ns, end_ns = events[0]["at_ns"], events[1]["at_ns"]
+    recs = _records(out)
+    outside = [r for r in recs if r.outcome == "ok" and (r.t["end"] < start_ns or r.t["start"] > end_ns + 3 * 10**9)]
+    waits = sorted(r.t.get("queued_end", r.t["start"]) - r.t["start"] for r in outside)
+    e2e = sorted(r.t["end"] - r.t["start"] for r in outside)
+    assert len(outside) >= 20 and waits[len(waits) // 2] >= 0.2 * e2e[len(e2e) // 2], (len(outside), waits, e2e)
+    # the hang is still named where it was: b1, its scheduled fault
+    assert any("b1" in line and "scheduled hang" in line for line in stall["evidence"]), stall["evidence"]
+    report = (out / "report.txt").read_text()
+    assert "ALSO [client_pool]" in report or report.startswith("VERDICT [client_pool]")

@@ -722,12 +722,12 @@ def rule_server_stall(f: Facts) -> Finding | None:
                         f"behind them (a consequence, not the cause)")
     else:
         summary += "; the client pool is not the cause of the stall"
+        if queued_agents:
+            summary += f" ({len(queued_agents)} more agent(s) queued behind it, a consequence)"
         if pool.scope == "apart":
-            summary += ((f" ({len(queued_agents)} more agent(s) queued behind it, a consequence)" if queued_agents
-                         else "") + ", but it queued requests outside the stall too: see client_pool")
+            summary += ", but it queued requests outside the stall too: see client_pool"
         else:
-            summary += (", but it queued far more requests than the stalled ones held connections: "
-                        "see client_pool")
+            summary += ", but it queued far more requests than the stalled ones held connections: see client_pool"
     fnd = Finding(Kind.SERVER_SLOW if all_finished else Kind.SERVER_STALL, summary, main_phase, first_round,
                   len(affected | queued_agents), len(stopped))
     ev = fnd.evidence
@@ -792,34 +792,39 @@ class PoolJudgement:
     timeouts: list[Record]  # ... and those that timed out queued
 
 
-def judge_pool(f: Facts) -> PoolJudgement | None:
-    """The pool rule's test on the requests no server stall explains: pool_wait a large share of
-    e2e, long enough to matter, met by enough requests; or requests stalled or timed out queued."""
-    if f.stall_windows is None:
-        scope = "run"
-    elif f.pool_apart is None:  # a server stall, and no request queued at all
-        return None
-    else:
-        scope = "beyond" if f.queue_beyond_stall is not None else "apart"
-    if scope == "apart":
-        pa = f.pool_apart
-        assert pa is not None
-        pct = percentiles_ms(pa.pool_wait, (50, 90)) or {}
-        pw50, pw90 = pct.get(50), pct.get(90)
-        pct = percentiles_ms(pa.e2e_ok, (50, 90)) or {}
-        e50, e90 = pct.get(50), pct.get(90)
-        waited, n = pa.waited, pa.n
-        stalls = [r for r in f.pool_stalls if not f.behind_stall(r)]
-        timeouts = [r for r in f.pool_timeouts if not f.behind_stall(r)]
-    else:
-        (pw50, pw90), (e50, e90) = f.pool_wait_ms, f.e2e_ms
-        waited, n, stalls, timeouts = f.waited, f.requests, f.pool_stalls, f.pool_timeouts
+def _pool_test(scope: str, pool_wait: Any, e2e_ok: Any, waited: Waited, n: int, stalls: list[Record],
+               timeouts: list[Record]) -> PoolJudgement | None:
+    """The pool rule's test on one set of requests: pool_wait a large share of e2e, long enough to
+    matter, met by enough of them; or requests that stalled or timed out queued."""
+    pct = percentiles_ms(pool_wait, (50, 90)) or {}
+    pw50, pw90 = pct.get(50), pct.get(90)
+    pct = percentiles_ms(e2e_ok, (50, 90)) or {}
+    e50, e90 = pct.get(50), pct.get(90)
     share50 = bool(pw50 is not None and e50 and pw50 >= POOL_WAIT_SHARE * e50)
     share_ok = share50 or bool(pw90 is not None and e90 and pw90 >= POOL_WAIT_SHARE * e90)
     slow = share_ok and (pw90 or 0) >= POOL_WAIT_MIN_MS and len(waited) >= POOL_WAITED_SHARE * n
     if not (stalls or timeouts or slow):
         return None
     return PoolJudgement(scope, pw50, pw90, e50, e90, share50, waited, n, stalls, timeouts)
+
+
+def judge_pool(f: Facts) -> PoolJudgement | None:
+    """The pool rule on the requests no server stall explains: the whole run without a stall;
+    beside one, the requests outside its windows, else (when requests spent far longer queued in
+    the windows than the stalled requests held connections) every request. The requests that
+    stalled or timed out queued inside the windows stay the stall's either way."""
+    if f.stall_windows is None:
+        return _pool_test("run", f.acc.pool_wait, f.acc.e2e_ok, f.waited, f.requests, f.pool_stalls,
+                          f.pool_timeouts)
+    pa = f.pool_apart
+    if pa is None:  # a server stall, and no request queued at all
+        return None
+    stalls = [r for r in f.pool_stalls if not f.behind_stall(r)]
+    timeouts = [r for r in f.pool_timeouts if not f.behind_stall(r)]
+    apart = _pool_test("apart", pa.pool_wait, pa.e2e_ok, pa.waited, pa.n, stalls, timeouts)
+    if apart is not None or f.queue_beyond_stall is None:
+        return apart
+    return _pool_test("beyond", f.acc.pool_wait, f.acc.e2e_ok, f.waited, f.requests, stalls, timeouts)
 
 
 def rule_client_pool(f: Facts) -> Finding | None:
@@ -867,13 +872,21 @@ def rule_client_pool(f: Facts) -> Finding | None:
                 f"held up to {w.max_held} of the pool's connections (limit {f.limit or 'unlimited'})")
         behind = f"{len(pa.behind)} request(s) of {len(pa.behind.agents)} agent(s) queued inside them"
         ratio = pa.queued_ns / w.held_ns if w.held_ns else 0.0
-        if pj.scope == "apart":
+        if pj.scope == "apart" and f.queue_beyond_stall is None:
             ev.append(f"{span}; {behind}, for connections the stalled requests held: the stall's consequence, "
                       f"not counted here")
+        elif pj.scope == "apart":
+            ev.append(f"{span}; {behind} and spent {ratio:.1f}x as long queued as the stalled requests held "
+                      f"connections (at least {POOL_BEYOND_HELD:g}x: the pool was short whatever they held), not "
+                      f"counted here")
         else:
             ev.append(f"{span}; {behind} and spent {ratio:.1f}x as long queued as the stalled requests held "
                       f"connections (at least {POOL_BEYOND_HELD:g}x: the pool was short whatever they held), so "
                       f"every request counts here")
+    behind_stalls = [r for r in f.pool_stalls + f.pool_timeouts if f.behind_stall(r)]
+    if w is not None and behind_stalls:
+        ev.append(f"{len(behind_stalls)} request(s) that stalled or timed out queued inside the stall windows are "
+                  f"the stall's (its finding counts them), not counted here")
     if pj.stalls:
         ev.append(f"{len(pj.stalls)} request(s) stalled in pool_wait (no connection for stall.after_s)")
     if pj.timeouts:
