@@ -1,8 +1,9 @@
 """Packaging: the version is written once and `agentload --version` prints it; the wheel carries the
-licence, the type marker and the packaged scenarios."""
+licence, the type marker and the packaged scenarios, and a run works from it installed."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -33,7 +34,7 @@ def test_the_version_is_written_in_one_place():
 
 
 @pytest.mark.slow
-def test_the_wheel_carries_the_licence_the_type_marker_and_the_scenarios(tmp_path):
+def test_the_wheel_carries_the_licence_and_the_scenarios_and_runs_installed(tmp_path):
     # built with the installed setuptools (no index needed) from a copy of what the sdist holds, so
     # setuptools' build/ folder neither lands in the repository nor feeds the wheel stale files
     src = tmp_path / "src"
@@ -53,3 +54,30 @@ def test_the_wheel_carries_the_licence_the_type_marker_and_the_scenarios(tmp_pat
     assert "License-Expression: Apache-2.0" in meta and f"Version: {agentload.__version__}" in meta
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert not any(n.startswith(("tests/", "tools/", "bench/", "docs/")) for n in names)
+
+    # Installed from the wheel into a venv (the dependencies from this interpreter's site-packages:
+    # no index needed), run from a folder outside the repository: the packaged scenarios and the
+    # embedded mock work from the installed package, not from a checkout.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    p = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def installed(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(venv / "bin" / "agentload"), *args], capture_output=True, text=True,
+                              timeout=300, cwd=elsewhere, env=env)
+
+    where = subprocess.run([str(py), "-c", "import agentload; print(agentload.__file__)"], capture_output=True,
+                           text=True, timeout=60, cwd=elsewhere, env=env).stdout.strip()
+    assert where.startswith(str(venv)), where
+    assert installed("--version").stdout == f"agentload {agentload.__version__}\n"
+    assert "long-context-hang" in installed("scenarios").stdout
+    p = installed("run", "demo", "--no-live", "--set", "agents.count=2", "--set", "agents.rounds=2",
+                  "--out", str(elsewhere / "run"))
+    assert p.returncode == 0 and p.stdout.startswith("VERDICT [healthy]"), p.stdout + p.stderr
+    assert (elsewhere / "run" / "report.html").is_file()
