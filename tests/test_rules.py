@@ -184,7 +184,7 @@ def test_pool_wait_from_the_records_names_the_pool_without_any_sampler_waiters()
     assert (v["kind"], v["phase"], v["first_round"]) == ("client_pool", "pool_wait", 1)
     assert "16 of 16 requests waited" in v["summary"] and "pool_wait p50 80" in v["summary"]
     assert any(e.startswith("rule: pool_wait at least 20% of e2e") for e in v["evidence"])
-    assert any("sampler caught no waiters" in e for e in v["evidence"])
+    assert any("sampler caught no waiter in any of its 1 sample(s)" in e for e in v["evidence"])
 
 
 def test_a_queue_that_only_some_requests_meet_is_quoted_at_p90_not_at_a_p50_of_zero():
@@ -303,6 +303,18 @@ def test_a_run_killed_while_requests_hung_still_gets_round_and_phase():
     assert (v["kind"], v["phase"], v["first_round"]) == ("server_stall", "ttfb", 4)
     run.meta["ended"] = True
     assert diagnose(run.data())["kind"] == "healthy"
+
+
+def test_a_run_killed_while_requests_hung_with_more_queued_behind_them_names_the_hang():
+    run = healthy_base(limit=50)
+    run.meta["ended"] = False
+    run.sample(stalled=288, stalled_by={"4/ttfb": 50, "4/pool_wait": 238})
+    v = diagnose(run.data())
+    assert (v["kind"], v["phase"], v["first_round"]) == ("server_stall", "ttfb", 4), v
+    assert ("50 request(s) were stalled at the server (most in round 4, ttfb) and 238 more queued in pool_wait "
+            "behind them") in v["summary"]
+    run.samples[-1]["stalled_by"] = {"4/pool_wait": 238}  # only a queue: the pool's
+    assert diagnose(run.data())["kind"] == "client_pool"
 
 
 # ------------------------------------------------------------------ precedence

@@ -897,8 +897,8 @@ def rule_client_pool(f: Facts) -> Finding | None:
         ev.append(f"the one-second sampler saw up to {f.waiters_max} request(s) queued for a connection at "
                   f"limit {f.limit}")
     elif f.pool_samples:
-        ev.append(f"the one-second sampler caught no waiters in {f.pool_samples} sample(s) (queues shorter than "
-                  f"its tick); the records above are the evidence")
+        ev.append(f"the one-second sampler caught no waiter in any of its {f.pool_samples} sample(s) (queues shorter "
+                  f"than its tick); the records above are the evidence")
     leak = f.sample_digest.leaked
     if leak:
         ev.append(f"in {leak} sample(s) more connections were in use than requests were using them: "
@@ -1069,17 +1069,26 @@ def rule_no_tool_calls(f: Facts) -> Finding | None:
 
 
 def rule_killed_while_stalled(f: Facts) -> Finding | None:
-    """A run killed while requests hung has no record of them: the last sample still knows."""
+    """A run killed while requests hung has no record of them: the last sample still knows. Requests
+    stalled at the server hold their connections: those stalled in pool_wait beside them queued
+    behind them (however many more they were), so the server's phase is named whenever there is one."""
     if f.meta.get("ended", True):
         return None
     last_stalled = f.sample_digest.last_stalled_by
     if not last_stalled:
         return None
-    (rnd, phase), _ = max(((tuple(k.split("/")), n) for k, n in last_stalled.items()), key=lambda x: x[1])
+    stalls = [(tuple(k.split("/")), n) for k, n in last_stalled.items()]
+    at_server = [x for x in stalls if x[0][1] in SERVER_PHASES]
+    (rnd, phase), _ = max(at_server or stalls, key=lambda x: x[1])
     total = sum(last_stalled.values())
-    return Finding(Kind.CLIENT_POOL if phase == "pool_wait" else Kind.SERVER_STALL,
-                   f"run killed while {total} request(s) were stalled (most in round {rnd}, {phase}); "
-                   f"they left no record, this comes from the last in-flight sample",
+    queued = sum(n for (_, ph), n in stalls if ph == "pool_wait")
+    if at_server and queued:
+        what = (f"{total - queued} request(s) were stalled at the server (most in round {rnd}, {phase}) and "
+                f"{queued} more queued in pool_wait behind them")
+    else:
+        what = f"{total} request(s) were stalled (most in round {rnd}, {phase})"
+    return Finding(Kind.SERVER_STALL if at_server else Kind.CLIENT_POOL,
+                   f"run killed while {what}; they left no record, this comes from the last in-flight sample",
                    phase, min(int(k.split("/")[0]) for k in last_stalled), total, total,
                    ["stalled in flight at the last sample: " + ", ".join(
                        f"round {k.split('/')[0]} {k.split('/')[1]}: {n}" for k, n in sorted(last_stalled.items()))])
