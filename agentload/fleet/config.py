@@ -77,6 +77,8 @@ class _Template(Check):
 
 @dataclass(frozen=True)
 class BackendConfig:
+    """One mock backend of the fleet, a `[[fleet.backends]]` table."""
+
     # in reports, the schedule (`backend = "b2"`) and system_fingerprint; default b0, b1, ... by position
     name: Optional[str] = setting(None, Opt(Text("a backend name (letters, digits, - and _)", nonblank=True)))
     role: Literal["worker", "prefill", "decode"] = "worker"  # prefill / decode with [fleet] mode = "pd"
@@ -91,6 +93,9 @@ class BackendConfig:
 
 @dataclass(frozen=True)
 class FleetConfig:
+    """Mock backends agentload starts for a router soak: `count` alike, or each one listed in
+    `[[fleet.backends]]`; each a real mock process on a free loopback port."""
+
     count: int = setting(0, Whole(0))  # N workers b0..b{N-1} with the [mock] settings (when backends is empty)
     mode: Literal["plain", "pd"] = "plain"  # "pd": prefill and decode backends (smg --pd-disaggregation)
     backends: tuple = setting((), Items(Model(BackendConfig), into=tuple, expected="a list of [[fleet.backends]] tables"))
@@ -127,6 +132,9 @@ class FleetConfig:
 
 @dataclass(frozen=True)
 class RouterConfig:
+    """The router under test, started in front of the fleet from a command template, or already
+    running at `[target] endpoint`."""
+
     # the command that starts the router (see PLACEHOLDERS); None: the router runs already at
     # [target] endpoint (backends then need fixed ports in [[fleet.backends]] port)
     command: Optional[str] = setting(None, Opt(_Template()))
@@ -144,6 +152,8 @@ class RouterConfig:
 
 @dataclass(frozen=True)
 class ScheduledFault:
+    """A fault applied to one backend of the fleet at `at_s`, undone after `for_s`."""
+
     at_s: float = setting(check=Number(0))  # seconds from the run's start (run.json t0_ns)
     backend: int | str = setting(check=Either(Whole(0), Text("a backend name", nonblank=True),
                                               expected="a backend index (0, 1, ...) or name"))
