@@ -112,6 +112,49 @@ def run(
         raise typer.Exit(1)
 
 
+@app.command()
+def proxy(
+    upstream: Annotated[str, typer.Option("--upstream", help="The server the harness talks to, e.g. http://127.0.0.1:30000/v1")],
+    scenario: Annotated[Optional[str], typer.Argument(help="Scenario whose [client], [stall], [canary] settings apply (default: demo)")] = None,
+    port: Annotated[int, typer.Option(help="Port to listen on (0: a free one, printed)")] = 8080,
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback unless you say otherwise)")] = "127.0.0.1",
+    out: Annotated[Optional[Path], typer.Option(help="Run folder (default: reports/<time>-proxy)")] = None,
+    session_header: Annotated[Optional[str], typer.Option("--session-header", help="A request header that names the conversation (e.g. x-session-id); wins over the messages")] = None,
+    duration: Annotated[Optional[float], typer.Option(help="Stop after this many seconds (default: until Ctrl-C or SIGTERM)")] = None,
+    set_: SetOpt = None,
+    fail_on: Annotated[str, typer.Option(help="'problem': exit 1 when the verdict is not healthy; 'never'")] = "problem",
+    live: Annotated[bool, typer.Option(help="Print a live line every second")] = True,
+) -> None:
+    """Sit between a real harness and its server: record every request with a run's phases, then the verdict."""
+    from agentload.launch import proxy_to_dir
+    from agentload.run.runner import default_out_dir
+    from agentload.run.scenario import load_scenario
+
+    if fail_on not in ("problem", "never"):
+        _fail(f"--fail-on: expected 'problem' or 'never', got {fail_on!r}")
+    if not 0 <= port <= 65535:
+        _fail(f"--port: expected a port 0-65535, got {port}")
+    if duration is not None and duration <= 0:
+        _fail(f"--duration: expected a number of seconds > 0, got {duration:g}")
+    overrides = list(set_ or [])
+    if duration is not None:
+        overrides.append(f"agents.duration_s={duration!r}")
+    try:
+        sc = load_scenario(scenario, overrides)
+    except UserError as e:
+        _fail(str(e))
+    run_dir = out or default_out_dir(sc, name="proxy")
+    try:
+        launched = proxy_to_dir(sc, run_dir, upstream, host=host, port=port, session_header=session_header, live=live)
+    except UserError as e:
+        _fail(str(e))
+    _echo(launched.text)
+    _echo(f"records: {run_dir / 'records.jsonl'}  summary: {run_dir / 'summary.json'}  html: {run_dir / 'report.html'}",
+          err=True)
+    if fail_on == "problem" and launched.summary["verdict"]["kind"] != "healthy":
+        raise typer.Exit(1)
+
+
 def _toml_str(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentload.endpoint import without_version_hint
+from agentload.endpoint import _VERSION_PART, without_version_hint
 from agentload.errors import UserError
 from agentload.redact import env_secrets, register_target, secret_field
 from agentload.report.build import write_reports
@@ -198,3 +198,60 @@ def prepare_run_dir(run_dir: Path) -> None:
 def endpoint_hint(endpoint: str | None) -> str | None:
     """A warning for an endpoint that is a bare host (requests would go to /chat/completions, not /v1/...)."""
     return without_version_hint(endpoint) if endpoint else None
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+
+
+def proxy_to_dir(sc: Scenario, run_dir: Path, upstream: str, *, host: str = "127.0.0.1", port: int = 0,
+                 session_header: str | None = None, live: bool = True, install_signals: bool = True,
+                 log=lambda msg: print(msg, file=sys.stderr), on_listening=None) -> Launched:
+    """`agentload proxy`: serve a proxy to `upstream` on host:port until a signal (or the scenario's
+    agents.duration_s), recording every request the harness sends through it into run_dir, then write
+    every report. `on_listening(host, port)` is called once the socket is bound (tests, a harness to start)."""
+    import dataclasses
+    import socket
+
+    from agentload.proxy.drive import drive
+    from agentload.run.live import LiveLine
+
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(upstream)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UserError(f"--upstream {upstream!r}: expected an http:// or https:// URL of the server the harness talks to")
+    if parts.query or parts.fragment or parts.username:
+        raise UserError(f"--upstream {upstream!r}: expected scheme://host:port[/path], without a query, fragment or "
+                        f"credentials (the harness's own path and query are appended)")
+    check_secrets(sc)
+    prepare_run_dir(run_dir)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError as e:
+        sock.close()
+        raise UserError(f"--host {host} --port {port}: cannot listen there: {e.strerror or e}")
+    bound = sock.getsockname()
+    if on_listening is not None:
+        on_listening(bound[0], bound[1])
+    # canaries (and the scraper's defaults) need the upstream's API base: its /v1, if it did not name one
+    base = upstream.rstrip("/")
+    if not any(_VERSION_PART.match(p) for p in parts.path.split("/") if p):
+        base += "/v1"
+    sc = dataclasses.replace(sc, target=dataclasses.replace(sc.target, endpoint=base))
+    meta = {"proxy": {"upstream": upstream, "listen": f"{bound[0]}:{bound[1]}", "session_header": session_header}}
+    use_uvloop()
+    view = LiveLine(run_dir=str(run_dir)) if live else None
+    try:
+        outcome = asyncio.run(execute(sc, run_dir, base, embedded_mock=False, on_tick=view,
+                                      install_signals=install_signals, extra_meta=meta,
+                                      drive=drive(sock, upstream, session_header, log)))
+    finally:
+        if view is not None:
+            view.close()
+        sock.close()
+    summary, text = write_reports(run_dir)
+    return Launched(outcome, summary, text)

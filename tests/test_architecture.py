@@ -27,9 +27,10 @@ ALLOWED = {
     "report": {"analysis", "records"},
     "compare": {"launch", "run", "analysis", "report", "records"},
     "cluster": {"run", "records"},
+    "proxy": {"run", "records"},  # a run whose requests are a harness's: the run path's transport and records
     "__main__": {"cli"},  # `python -m agentload`  # shards run the one-process run path
-    "launch": {"run", "analysis", "report", "records", "mock", "fleet", "cluster"},
-    "cli": {"run", "analysis", "report", "records", "compare", "launch", "mock", "fleet", "cluster"},
+    "launch": {"run", "analysis", "report", "records", "mock", "fleet", "cluster", "proxy"},
+    "cli": {"run", "analysis", "report", "records", "compare", "launch", "mock", "fleet", "cluster", "proxy"},
 }
 
 

@@ -58,6 +58,7 @@ class Kind(str, Enum):
     NO_TOOL_CALLS = "no_tool_calls"  # mode model: the model answered without a tool call, agents ended early
     CANARY_FAILURES = "canary_failures"  # canaries failed while no agent finding explains it
     ROUTER_LEAK = "router_leak"  # the router still counts requests in flight after every one of agentload's ended
+    CLIENT_STOPPED = "client_stopped"  # agentload proxy: a conversation got its answer, the harness never sent the next round
 
 
 # event-loop lag at which agentload's own timings stop meaning much (a 100,000-agent run on 2 shared
@@ -124,7 +125,7 @@ class AgentTally:
     a record only when it went wrong; otherwise its round and tool calls are enough."""
 
     __slots__ = ("requests", "ok_rounds", "_fine", "stalls", "last_order", "last", "last_round", "last_tools",
-                 "last_finish", "last_tokens")
+                 "last_finish", "last_tokens", "last_end", "gaps")
 
     def __init__(self) -> None:
         self.requests = 0
@@ -137,6 +138,10 @@ class AgentTally:
         self.last_tools = 0
         self.last_finish: str | None = None  # the last request's finish_reason
         self.last_tokens = 0  # ... and its token chunks
+        self.last_end = 0  # ... and its end stamp
+        # `agentload proxy` only (records with `down_start`): the harness's gaps between an answer and
+        # its next round's request, ns (a conversation's own rhythm)
+        self.gaps: list[int] | None = None
 
     def completed(self, rnd: int, stalled: bool) -> None:
         """A request of round `rnd` completed (after a stall, or not)."""
@@ -231,6 +236,12 @@ class FactsAccumulator:
             st.completed(r.round, bool(r.stalled_phase))
         order = (r.round, r.call, key)
         if order >= st.last_order:
+            down = t.get("down_start")
+            if down is not None and st.last_end and r.round == st.last_round + 1:
+                if st.gaps is None:
+                    st.gaps = []
+                st.gaps.append(down - st.last_end)
+            st.last_end = t.get("end") or st.last_end
             st.last_order, st.last = order, (r if bad else None)
             st.last_round, st.last_tools, st.last_finish, st.last_tokens = (r.round, r.tool_calls, r.finish_reason,
                                                                             r.token_chunks)
@@ -1068,6 +1079,57 @@ def rule_no_tool_calls(f: Facts) -> Finding | None:
     return fnd
 
 
+# `agentload proxy`: a conversation idle this many times its usual gap between rounds (and at least
+# stall.after_s) after an answer with tool calls has stopped: the harness never sent the next round
+CLIENT_STOPPED_GAPS = 3.0
+
+
+def rule_client_stopped(f: Facts) -> Finding | None:
+    """`agentload proxy` only: conversations whose last request was answered whole, with tool calls to
+    act on, and then no next request came for CLIENT_STOPPED_GAPS times the conversation's usual gap
+    between rounds (its own, else the median of every conversation's; never less than stall.after_s)
+    before the proxy stopped. The harness is stuck on its side: the server did its part."""
+    if not f.meta.get("proxy"):
+        return None
+    end = int(f.meta.get("t_end_ns") or f.acc.max_end or 0)
+    states = f.acc.agent_state
+    every_gap = sorted(g for st in states.values() for g in (st.gaps or ()))
+    fleet_gap = every_gap[len(every_gap) // 2] if every_gap else None
+    stopped: list[tuple[int, int, float, float | None, float, bool]] = []
+    for a, st in states.items():
+        if st.last is not None or not st.last_tools or not st.last_end or not end:
+            continue  # its last request went wrong (another rule's), or the answer asked for nothing more
+        own = sorted(st.gaps) if st.gaps else None
+        usual = own[len(own) // 2] if own else fleet_gap
+        wait_s = max(f.after_s, CLIENT_STOPPED_GAPS * usual / 1e9 if usual else 0.0)
+        idle_s = (end - st.last_end) / 1e9
+        if idle_s > wait_s:
+            stopped.append((a, st.last_round, idle_s, usual / 1e9 if usual else None, wait_s, own is not None))
+    if not stopped:
+        return None
+    stopped.sort()
+    n = len(stopped)
+    rounds = Counter(rnd for _, rnd, *_ in stopped)
+    lo = min(rounds)
+    names = ", ".join(str(a) for a, *_ in stopped[:10]) + (", ..." if n > 10 else "")
+    fnd = Finding(Kind.CLIENT_STOPPED,
+                  f"client stopped: {n} of {len(states)} conversation(s) ({names}) got a whole answer with tool "
+                  f"calls and never sent the next round; the server answered, the harness did not go on",
+                  "tool", lo + 1, n, n)
+    ev = fnd.evidence
+    ev.append("last round answered before the harness stopped, by round: " + fmt_round_counts(rounds))
+    for a, rnd, idle_s, usual_s, wait_s, own in stopped[:10]:
+        gap = (f"its usual gap between rounds {_dur(usual_s * 1e3)}" if own else
+               f"no gap of its own yet, the conversations' usual gap {_dur(usual_s * 1e3)}" if usual_s is not None else
+               "no gap between rounds measured yet")
+        ev.append(f"conversation {a}: round {rnd} answered (tool calls to run), then no request for "
+                  f"{_dur(idle_s * 1e3)} before the proxy stopped ({gap}; counted as stopped past {_dur(wait_s * 1e3)}: "
+                  f"{CLIENT_STOPPED_GAPS:g}x that gap, at least stall.after_s)")
+    going = len(states) - n
+    ev.append(f"{going} other conversation(s) went on or ended on their own: the server was answering")
+    return fnd
+
+
 def rule_killed_while_stalled(f: Facts) -> Finding | None:
     """A run killed while requests hung has no record of them: the last sample still knows. Requests
     stalled at the server hold their connections: those stalled in pool_wait beside them queued
@@ -1161,6 +1223,7 @@ RULES: list[Callable[[Facts], Finding | None]] = [
     rule_bad_responses,
     rule_other_errors,
     rule_no_tool_calls,
+    rule_client_stopped,
     rule_canary_failures,
     rule_router_leak,
     rule_killed_while_stalled,

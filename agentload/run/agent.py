@@ -21,7 +21,7 @@ from agentload.errors import drop_tracebacks
 from agentload.run.context import AgentState
 from agentload.run.conversation import Conversation, agent_rng  # numpy Generator per agent
 from agentload.records import Record, Trace
-from agentload.run.request import ConversationBody, Result, classify_exception, send, sent_request_id
+from agentload.run.request import ConversationBody, Result, Tap, classify_exception, send, sent_request_id
 
 if TYPE_CHECKING:
     from agentload.run.context import RunContext
@@ -89,9 +89,21 @@ def _gave_up(ctx: "RunContext", trace: Trace) -> Result:
                   f"no progress in {trace.stalled_phase} for {ctx.scenario.stall.give_up_s:g}s")
 
 
-async def attempt(ctx: "RunContext", session, trace: Trace,
-                  body: "bytes | ConversationBody") -> tuple[Record, Result | None]:
-    """Send one request under the give-up timeout; return its record (already written)."""
+def _client_gone(trace: Trace) -> Result:
+    ph = trace.phase()
+    waited = (_now() - trace.t.get("start", _now())) / 1e9
+    return Result(None, None, "client_gone",
+                  f"the client closed its connection in {ph} after {waited:.1f}s; the upstream request was cancelled")
+
+
+async def attempt(ctx: "RunContext", session, trace: Trace, body: "bytes | ConversationBody", *,
+                  url: str | None = None, headers: dict[str, str] | None = None,
+                  tap: "Tap | None" = None) -> tuple[Record, Result | None]:
+    """Send one request under the give-up timeout; return its record (already written).
+
+    `url`, `headers`, `tap` (`agentload proxy`): where it goes instead of the run's endpoint, the
+    harness's headers, where the answer goes on to; a request the harness gave up on (it closed its
+    connection, `tap.client_gone()`) is recorded as `client_gone`, its upstream request cancelled."""
     ctx.inflight[trace.request_id] = trace
     target = ctx.scenario.target
     id_header = target.request_id_header
@@ -104,7 +116,8 @@ async def attempt(ctx: "RunContext", session, trace: Trace,
     cancelling = task.cancelling()
     try:
         trace.timeout_cm = _GiveUp(task)
-        result = await send(session, ctx.url, body, trace, id_header=id_header)
+        result = await send(session, url or ctx.url, body, trace, extra_headers=headers, id_header=id_header,
+                            tap=tap)
     except TimeoutError as e:
         caught = e
         if trace.gave_up:
@@ -117,6 +130,10 @@ async def attempt(ctx: "RunContext", session, trace: Trace,
         if trace.gave_up and task.uncancel() <= cancelling:  # the watchdog's cancel, no one else's
             caught = e
             result = _gave_up(ctx, trace)
+        elif tap is not None and tap.client_gone() and not ctx.stopping:
+            task.uncancel()  # (the server's cancel of a handler whose client left: it ends here)
+            caught = e
+            result = _client_gone(trace)
         else:
             # The run is being torn down: keep what was measured, then let the cancel go on.
             trace.t.setdefault("end", _now())
@@ -133,6 +150,8 @@ async def attempt(ctx: "RunContext", session, trace: Trace,
         result = Result(None, None, err, msg)
         if isinstance(e, AGENTLOAD_BUGS):
             bug = e
+        elif tap is not None and tap.client_gone():
+            result = _client_gone(trace)
     finally:
         trace.timeout_cm = None
     ctx.inflight.pop(trace.request_id, None)

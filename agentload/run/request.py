@@ -32,7 +32,7 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from hashlib import sha1 as _sha1
 
 import aiohttp
@@ -216,6 +216,16 @@ def body_bytes(body: "bytes | ConversationBody") -> bytes:
     return body if isinstance(body, bytes) else body.raw()
 
 
+class Tap(Protocol):
+    """Where a response goes on as it arrives (`send`'s `tap`)."""
+
+    async def head(self, resp: aiohttp.ClientResponse) -> None: ...
+
+    async def data(self, block: bytes) -> None: ...
+
+    def client_gone(self) -> bool: ...
+
+
 @dataclass(slots=True)
 class Result:
     status: int | None
@@ -357,8 +367,11 @@ class SSEBody:
 
 async def send(session: aiohttp.ClientSession, url: str, body: "bytes | ConversationBody", trace: Trace,
                extra_headers: dict[str, str] | None = None, stream: bool | None = None,
-               id_header: str | None = "X-Request-ID") -> Result:
+               id_header: str | None = "X-Request-ID", tap: "Tap | None" = None) -> Result:
     """One request; the caller wraps it in the give-up timeout the watchdog can fire.
+
+    `tap`: where the response goes on as it arrives (`agentload proxy`: to the harness), its head
+    first, then every block of its body as read (the general read path: one task wake-up a read).
 
     `stream`: whether the body asks for a stream (None: read from the body, `wants_stream`).
     `id_header`: the header that carries `trace.id_sent` (set by the caller, `agent.attempt`;
@@ -386,10 +399,10 @@ async def send(session: aiohttp.ClientSession, url: str, body: "bytes | Conversa
         direct = None
     try:
         if gate is None:
-            return await _exchange(session, url, body, trace, headers, stream, id_header, None, direct)
+            return await _exchange(session, url, body, trace, headers, stream, id_header, None, direct, tap)
         timeout = None if gate.enter_now() else await gate.wait(trace, url)
         try:
-            return await _exchange(session, url, body, trace, headers, stream, id_header, timeout, direct)
+            return await _exchange(session, url, body, trace, headers, stream, id_header, timeout, direct, tap)
         finally:
             gate.leave()
     finally:
@@ -399,7 +412,8 @@ async def send(session: aiohttp.ClientSession, url: str, body: "bytes | Conversa
 
 async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | ConversationBody", trace: Trace,
                     headers: dict[str, str], stream: bool | None, id_header: str | None,
-                    timeout: aiohttp.ClientTimeout | None, direct: "DirectPost | None" = None) -> Result:
+                    timeout: aiohttp.ClientTimeout | None, direct: "DirectPost | None" = None,
+                    tap: "Tap | None" = None) -> Result:
     """`send`'s request and response, read to the end (`timeout`: the session's, unless given; `direct`:
     sent through it, else through `session.post`)."""
     t = trace.t
@@ -414,9 +428,13 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | Con
             t["headers"] = _now()
         if "sent" not in t:  # a request without a body, or headers before its body was through
             t["sent"] = t["headers"]
+        if tap is not None:
+            await tap.head(resp)
         if status >= 400:
             raw = await resp.read()
             t["end"] = _now()
+            if tap is not None:
+                await tap.data(raw)
             if not raw.strip():
                 msg = empty_error_hint(status, session, id_header)
                 return Result(status, None, f"http_{status}", msg, _retry_after(resp))
@@ -428,6 +446,8 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | Con
         if _SSE_TYPE not in ctype and _SSE_TYPE not in ctype.lower():
             raw = await resp.read()
             now = _now()
+            if tap is not None:
+                await tap.data(raw)
             t["first_byte"] = t.get("first_byte", now)
             trace.bytes_in += len(raw)
             if stream is None:
@@ -458,8 +478,15 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | Con
         cut = False
         try:
             try:
-                if not await read_body(content, reader.feed, conn.protocol if conn is not None else None,
-                                       reader.last_byte_ns):
+                if tap is not None:
+                    while True:  # each block on to the tap as it came
+                        data = await content.readany()
+                        if not data:
+                            break
+                        reader.feed(data)
+                        await tap.data(data)
+                elif not await read_body(content, reader.feed, conn.protocol if conn is not None else None,
+                                         reader.last_byte_ns):
                     while True:  # the general path: any StreamReader, one task wake-up per read
                         data = await content.readany()
                         if not data:

@@ -134,8 +134,8 @@ class RunOutcome:
     ended_by: str = "finished"  # finished | duration | interrupted | crashed
 
 
-def default_out_dir(sc: Scenario, base: Path = Path("reports")) -> Path:
-    name = Path(sc.source.split(" ")[0]).name.removesuffix(".toml") or "run"
+def default_out_dir(sc: Scenario, base: Path = Path("reports"), name: str | None = None) -> Path:
+    name = name or Path(sc.source.split(" ")[0]).name.removesuffix(".toml") or "run"
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return base / f"{stamp}-{name}-{secrets.token_hex(2)}"
 
@@ -354,7 +354,8 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
                   worker: "WorkerSpec | None" = None, extra_meta: dict[str, Any] | None = None,
                   on_started: Callable[[dict[str, Any]], None] | None = None,
                   on_context: Callable[[RunContext], None] | None = None,
-                  shard: tuple[int, int] | None = None) -> RunOutcome:
+                  shard: tuple[int, int] | None = None,
+                  drive: Callable[[RunContext], Awaitable[None]] | None = None) -> RunOutcome:
     """Run the scenario against base_url, writing run.json, records.jsonl and samples.jsonl
     (and target_metrics.jsonl with [target] metrics_urls, intervals.hlog always); with
     metrics_port, agentload's live state is served in Prometheus format on 127.0.0.1.
@@ -367,7 +368,11 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
     `extra_meta` goes into run.json (the fleet of a router soak); `on_started(meta)` is called once
     run.json is written, before any agent starts (the fault schedule starts its clock there);
     `on_context(ctx)` gets the run's context (a Ray shard stops its run through it). `shard` (I, N):
-    only the agents i with i % N == I run, files keep their plain names (`run --shard I/N`)."""
+    only the agents i with i % N == I run, files keep their plain names (`run --shard I/N`).
+
+    `drive(ctx)` replaces the agents' arrivals: the requests come from elsewhere (`agentload proxy`:
+    a harness's own), it returns once the run stops, and gets give_up_s to let its requests in
+    flight end before it is cancelled."""
     from agentload.run.transport import Transport
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -448,7 +453,8 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
 
     if worker is not None and worker.gate is not None:
         ctx.arrivals_t0 = await worker.gate()  # every worker's agents start at the same moment
-    arrivals = asyncio.create_task(_arrivals(ctx, agent_tasks), name="arrivals")
+    arrivals = asyncio.create_task(drive(ctx) if drive is not None else _arrivals(ctx, agent_tasks),
+                                   name="arrivals")
     duration = sc.agents.duration_s
     started = time.monotonic()
     cut_short = False
@@ -491,6 +497,13 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
             hard = asyncio.create_task(hard_stop.wait())
             await _wait_idle_or(ctx, agent_tasks, hard, sc.stall.give_up_s + SHUTDOWN_GRACE_S)
             hard.cancel()
+        if drive is not None and not arrivals.done():  # its requests in flight: up to give_up_s to end
+            hard = asyncio.create_task(hard_stop.wait())
+            await asyncio.wait([arrivals, hard], timeout=sc.stall.give_up_s + SHUTDOWN_GRACE_S,
+                               return_when=asyncio.FIRST_COMPLETED)
+            hard.cancel()
+            if not arrivals.done():
+                cut_short = True
         still = [t for t in agent_tasks if not t.done()]
         if still:
             cut_short = True

@@ -1,0 +1,215 @@
+"""`agentload proxy`: a reverse proxy on loopback that a real harness points at instead of its server.
+
+Every request is forwarded upstream through agentload's own transport (its pool, its stamps), and
+its answer goes back to the harness block by block as it arrives, never buffered. Each request
+leaves one record, as an agent's request in a run does, with two legs on one clock:
+
+- upstream: the run's stamps (`start`, `queued_*`, `conn_*`, `sent`, `headers`, `first_byte`,
+  `first_token`, `end`), so the phase table places a stall exactly as in a run;
+- downstream (the harness's side): `down_start` (its request's head arrived), `down_body` (its
+  body was read), `down_headers` (the answer's head was sent on), `down_first_token` (the block
+  with the first token was written on), `down_end`.
+
+The record's `agent` is the conversation the request belongs to and `round` its round, inferred
+from the messages (`agentload.proxy.conversations`); records keep shapes (sizes, counts, timings),
+never text. The harness's headers go upstream as they came (its key too: it is never written
+anywhere), but for the hop-by-hop ones and `Accept-Encoding` (agentload reads the stream it
+forwards; an answer compressed for the harness could not be read).
+
+What the harness sees when something goes wrong is what the server did: an error status with its
+body as sent; an upstream that breaks mid-stream is a break downstream too (the connection closed
+without the body's end). Only where no answer came at all (no connection, no head before the
+give-up) does the proxy answer itself: a 502 or 504 whose JSON body and `X-Agentload-Proxy` header
+say it was agentload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from agentload.proxy.conversations import Conversations, conversation_items
+from agentload.records import Trace
+from agentload.run.agent import attempt
+from agentload.run.context import AgentState
+from agentload.tokens import prompt_tokens
+
+if TYPE_CHECKING:
+    from agentload.run.context import RunContext
+
+_now = time.perf_counter_ns
+
+# not forwarded either way: they describe one hop, not the message (RFC 9110 7.6.1), plus what
+# the proxy sets itself (Host, the body's length and framing)
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+                        "trailer", "transfer-encoding", "upgrade", "host", "content-length"})
+_NOT_UPSTREAM = HOP_BY_HOP | {"accept-encoding"}
+_NOT_DOWNSTREAM = HOP_BY_HOP | {"content-encoding"}
+MAX_BODY_BYTES = 256 * 1024 * 1024  # a harness's request body (a long conversation with images)
+
+
+class DownstreamTap:
+    """Carries the upstream answer on to the harness as it arrives (`request.send`'s tap)."""
+
+    __slots__ = ("request", "trace", "resp", "gone")
+
+    def __init__(self, request: web.Request, trace: Trace):
+        self.request = request
+        self.trace = trace
+        self.resp: web.StreamResponse | None = None
+        self.gone = False
+
+    async def head(self, upstream: Any) -> None:
+        resp = web.StreamResponse(status=upstream.status, reason=getattr(upstream, "reason", None))
+        for k, v in upstream.headers.items():
+            if k.lower() not in _NOT_DOWNSTREAM:
+                resp.headers.add(k, v)
+        self.resp = resp
+        await self._io(resp.prepare(self.request))
+        self.trace.t["down_headers"] = _now()
+
+    async def data(self, block: bytes) -> None:
+        if self.resp is None or not block:
+            return
+        await self._io(self.resp.write(block))
+        t = self.trace.t
+        t["down_end"] = now = _now()  # (the last block's: the record is written when the upstream body ends)
+        if "first_token" in t and "down_first_token" not in t:
+            t["down_first_token"] = now
+
+    async def _io(self, aw: Any) -> None:
+        try:
+            await aw
+        except (ConnectionError, aiohttp.ClientConnectionResetError):
+            self.gone = True
+            raise
+
+    def client_gone(self) -> bool:
+        """The harness closed its connection (the request's give-up was its own)."""
+        if self.gone:
+            return True
+        tr = self.request.transport
+        return tr is None or tr.is_closing()
+
+
+class Proxy:
+    """The proxy's request handler: one per `agentload proxy` run (it holds the conversations)."""
+
+    def __init__(self, ctx: "RunContext", upstream: str, session_header: str | None):
+        self.ctx = ctx
+        self.upstream = upstream.rstrip("/")
+        parts = urlsplit(self.upstream)
+        self.origin = f"{parts.scheme}://{parts.netloc}"
+        self.prefix = parts.path  # "/v1", "/openai", ""
+        self.session_header = session_header
+        self.conversations = Conversations()
+        self.session = ctx.transport.session_for(0)
+        self.passed_through = 0  # requests that are no conversation (GET /v1/models, ...): forwarded, not recorded
+
+    def url_for(self, request: web.Request) -> str:
+        """The upstream URL of a request: the upstream's base and the harness's path after it.
+
+        The harness's base URL is the proxy's (`http://127.0.0.1:P/v1`), so its path names the API
+        (`/v1/chat/completions`) and the upstream's base only its server (`http://host:port`); an
+        upstream given with a path (`http://host/openai`) keeps it in front; an upstream given with the
+        harness's own prefix (`--upstream http://host:8000/v1`) does not get it twice."""
+        path = request.rel_url.path_qs
+        if self.prefix and (path == self.prefix or path.startswith(self.prefix + "/")):
+            return self.origin + path
+        return self.upstream + path
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        t_in = _now()
+        raw = await request.read()
+        t_body = _now()
+        body = _json_object(raw) if request.method == "POST" else None
+        items = conversation_items(body) if body is not None else None
+        if items is None:
+            return await self._pass_through(request, raw)
+        ctx = self.ctx
+        session = request.headers.get(self.session_header) if self.session_header else None
+        pl = self.conversations.place(items, session)
+        agent, rnd = pl.conversation, pl.round
+        rid = f"{ctx.run_id}-a{agent}-r{rnd}-c{pl.call}"
+        tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+        trace = Trace("agent", agent, rnd, pl.call, rid, len(items), len(raw),
+                      prompt_tokens([m for m in items if isinstance(m, dict)], tools))
+        trace.t["down_start"] = t_in
+        trace.t["down_body"] = t_body
+        st = ctx.agent_states.get(agent)
+        if st is None:
+            st = ctx.agent_states[agent] = AgentState(agent)
+        st.round, st.state, st.since, st.trace = rnd, "request", _now(), trace
+        tap = DownstreamTap(request, trace)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_UPSTREAM}
+        try:
+            rec, res = await attempt(ctx, self.session, trace, raw, url=self.url_for(request),
+                                     headers=headers, tap=tap)
+        finally:
+            st.trace = None
+        ok = rec.outcome == "ok"
+        self.conversations.answered(agent, ok)
+        if ok:
+            st.rounds_completed += 1
+            st.state = "tool" if rec.tool_calls else "done"
+        else:
+            st.state = "stalled" if rec.outcome == "stalled" else "error"
+        st.since = _now()
+        if tap.resp is None:  # no answer came through: the proxy says so itself
+            status = 504 if rec.outcome == "stalled" or (rec.error or "").endswith("timeout") else 502
+            return web.json_response(
+                {"error": {"type": "agentload_proxy", "code": rec.error,
+                           "message": f"agentload proxy: {rec.error_msg or rec.error}"}},
+                status=status, headers={"X-Agentload-Proxy": rec.error or "error"})
+        resp = tap.resp
+        if rec.error is not None and rec.status is not None and rec.status < 400 and not tap.gone:
+            # the upstream answer broke (or was given up) mid-body: pass the break on, not an end
+            if request.transport is not None:
+                request.transport.close()
+            return resp
+        if not tap.gone:
+            try:
+                await resp.write_eof()
+            except (ConnectionError, aiohttp.ClientConnectionResetError):
+                pass  # (the harness left after the last byte: its answer was whole)
+        return resp
+
+    async def _pass_through(self, request: web.Request, raw: bytes) -> web.StreamResponse:
+        """A request that carries no conversation: forwarded as it is, answer streamed back, no record."""
+        self.passed_through += 1
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        try:
+            async with self.session.request(request.method, self.url_for(request), data=raw or None,
+                                            headers=headers, allow_redirects=False) as up:
+                resp = web.StreamResponse(status=up.status, reason=up.reason)
+                for k, v in up.headers.items():
+                    if k.lower() not in HOP_BY_HOP:
+                        resp.headers.add(k, v)
+                await resp.prepare(request)
+                async for block in up.content.iter_any():
+                    await resp.write(block)
+                await resp.write_eof()
+                return resp
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            return web.json_response({"error": {"type": "agentload_proxy", "message": f"agentload proxy: {e!r}"[:300]}},
+                                     status=502, headers={"X-Agentload-Proxy": type(e).__name__})
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    try:
+        v = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return v if isinstance(v, dict) else None
+
+
+def make_app(proxy: Proxy) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.router.add_route("*", "/{tail:.*}", proxy.handle)
+    return app

@@ -1,0 +1,186 @@
+"""`agentload proxy` between a real client (the official openai SDK) and the real mock server.
+
+The harness here is nobody's code of ours: the openai SDK's own streaming client, run as a
+tool-calling loop (send, read the tool calls, append them and their results, send again). The proxy
+runs as the user runs it, `agentload proxy` in a subprocess, and is stopped by SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from agentload.mock.config import MockConfig
+from agentload.mock.process import MockProcess
+from agentload.process import ChildProcess
+from helpers import REPO
+
+openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.slow
+
+KEY = "sk-proxy-test-secret-0123456789"
+TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "read a file",
+                                            "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                                                           "required": ["path"]}}}]
+
+
+def start_proxy(upstream: str, out: Path, *extra: str) -> tuple[ChildProcess, int]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    cmd = [sys.executable, "-m", "agentload.cli", "proxy", "--upstream", upstream, "--port", "0", "--out", str(out),
+           "--no-live", "--set", "stall.after_s=1", "--set", "stall.give_up_s=4", "--set", "canary.every_s=0.5", *extra]
+    child = ChildProcess.start(cmd, name="agentload proxy", env=env, cwd=REPO, stderr=subprocess.STDOUT)
+    line = child.wait_line("agentload proxy: listening on", 60)
+    port = int(line.split("http://127.0.0.1:", 1)[1].split()[0])
+    return child, port
+
+
+def stop_proxy(child: ChildProcess, timeout_s: float = 60) -> tuple[int | None, str]:
+    child.send_signal(signal.SIGINT)
+    code = child.wait_exit(timeout_s)
+    out = child.proc.stdout.read().decode(errors="replace") if child.proc.stdout else ""
+    child.stop()
+    return code, out
+
+
+async def harness(port: int, name: str, rounds: int, stop_after: int | None = None, think_s: float = 0.05,
+                  timeout_s: float = 30) -> list[str]:
+    """One agent of a real harness: the openai SDK, streamed, tool calls appended with their results."""
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=timeout_s)
+    msgs: list[dict] = [{"role": "system", "content": f"You are agent {name}."},
+                        {"role": "user", "content": f"Fix the failing test, {name}."}]
+    seen = []
+    try:
+        for rnd in range(1, rounds + 1):
+            stream = await client.chat.completions.create(model="mock-model", messages=msgs, tools=TOOLS, stream=True)
+            calls: dict[int, dict] = {}
+            text = ""
+            finish = None
+            async for chunk in stream:
+                if not chunk.choices:
+                    continue
+                ch = chunk.choices[0]
+                finish = ch.finish_reason or finish
+                text += ch.delta.content or ""
+                for tc in ch.delta.tool_calls or ():
+                    c = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                    c["id"] = tc.id or c["id"]
+                    if tc.function is not None:
+                        c["name"] += tc.function.name or ""
+                        c["arguments"] += tc.function.arguments or ""
+            seen.append(f"round {rnd}: {finish}")
+            if not calls:
+                return seen
+            msgs.append({"role": "assistant", "content": text or None, "tool_calls": [
+                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for c in calls.values()]})
+            for c in calls.values():
+                msgs.append({"role": "tool", "tool_call_id": c["id"], "content": "file contents " * 20})
+            if stop_after is not None and rnd >= stop_after:
+                return seen  # this harness's agent is stuck now: it never sends the next round
+            await asyncio.sleep(think_s)
+    finally:
+        await client.close()
+    return seen
+
+
+def records(out: Path) -> list[dict]:
+    return [orjson.loads(x) for x in (out / "records.jsonl").read_bytes().splitlines() if x.strip()]
+
+
+@pytest.fixture
+def mock():
+    m = MockProcess.start(MockConfig(tool_call_rounds=4, output_tokens=8, decode_tokens_per_s=2000))
+    yield m
+    m.stop()
+
+
+def test_a_harness_that_stops_after_round_2_is_client_stopped(mock, tmp_path):
+    out = tmp_path / "run"
+    child, port = start_proxy(mock.url, out)
+    try:
+        async def fleet():
+            return await asyncio.gather(*(harness(port, f"a{i}", 6) for i in range(3)),
+                                        harness(port, "stuck", 6, stop_after=2))
+        seen = asyncio.run(fleet())
+        assert all(len(s) == 5 for s in seen[:3]), seen  # tool calls in rounds 1-4, a plain answer in 5
+        import time
+        time.sleep(2.5)  # the stuck one idles past stall.after_s and 3x its rhythm
+    finally:
+        code, text = stop_proxy(child)
+    assert code == 1, text
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    v = summary["verdict"]
+    assert v["kind"] == "client_stopped", text
+    recs = [r for r in records(out) if r["kind"] == "agent"]
+    last_round = {}
+    for r in recs:
+        last_round[r["agent"]] = max(last_round.get(r["agent"], 0), r["round"])
+    assert sorted(last_round.values()) == [2, 5, 5, 5]
+    stuck = next(a for a, n in last_round.items() if n == 2)
+    assert v["agents_stopped"] == 1 and v["first_round"] == 3
+    assert f"({stuck})" in v["summary"] and f"conversation {stuck}: round 2 answered" in " ".join(v["evidence"])
+    assert all(r["outcome"] == "ok" for r in recs)
+    # both legs on one clock, in order
+    for r in recs:
+        t = r["t"]
+        assert t["down_start"] <= t["down_body"] <= t["start"] <= t["sent"] <= t["headers"] <= t["down_headers"]
+        assert t["first_token"] <= t["down_first_token"] <= t["down_end"] <= t["end"]
+    # the harness's key went upstream (the mock answered) and was written nowhere
+    for f in out.iterdir():
+        if f.is_file():
+            assert KEY.encode() not in f.read_bytes(), f.name
+    assert "client_stopped" in text and "records:" in text
+
+
+def test_a_server_that_hangs_above_n_tokens_is_a_server_stall_in_ttfb(tmp_path):
+    m = MockProcess.start(MockConfig(tool_call_rounds=0, output_tokens=8, decode_tokens_per_s=2000,
+                                     hang_above_tokens=400))
+    out = tmp_path / "run"
+    child, port = start_proxy(m.url, out)
+    try:
+        async def fleet():
+            return await asyncio.gather(*(harness(port, f"a{i}", 8) for i in range(3)), return_exceptions=True)
+        got = asyncio.run(fleet())
+        # the proxy gave up on the hung requests after give_up_s and told the harness so (a 504 of its own)
+        assert all(isinstance(g, openai.APIStatusError) and g.status_code == 504 for g in got), got
+        assert all(g.response.headers.get("x-agentload-proxy") == "stall_give_up" for g in got)
+    finally:
+        code, text = stop_proxy(child)
+        m.stop()
+    v = orjson.loads((out / "summary.json").read_bytes())["verdict"]
+    assert code == 1 and v["kind"] == "server_stall", text
+    assert v["phase"] == "ttfb"
+    recs = [r for r in records(out) if r["kind"] == "agent"]
+    stalled = [r for r in recs if r["outcome"] == "stalled"]
+    assert len(stalled) == 3 and all(r["prompt_tokens"] > 400 for r in stalled)
+    first = min(r["round"] for r in stalled)
+    assert v["first_round"] == first and all(r["prompt_tokens"] <= 400 for r in recs if r["outcome"] == "ok")
+
+
+def test_a_harness_that_gives_up_is_recorded_and_its_upstream_request_cancelled(tmp_path):
+    m = MockProcess.start(MockConfig(hang_above_tokens=1))
+    out = tmp_path / "run"
+    child, port = start_proxy(m.url, out, "--set", "stall.give_up_s=30")
+    try:
+        with pytest.raises(openai.APITimeoutError):
+            asyncio.run(harness(port, "impatient", 1, timeout_s=2))
+        import time
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and m.stats()["in_flight"]:
+            time.sleep(0.2)
+        stats = m.stats()
+    finally:
+        code, text = stop_proxy(child)
+        m.stop()
+    rec = next(r for r in records(out) if r["kind"] == "agent")
+    assert rec["error"] == "client_gone" and "the client closed its connection in ttfb" in rec["error_msg"]
+    assert rec["stalled_phase"] == "ttfb"  # it had made no progress for stall.after_s before that
+    assert stats["in_flight"] == 0, stats
