@@ -184,3 +184,30 @@ def test_a_harness_that_gives_up_is_recorded_and_its_upstream_request_cancelled(
     assert rec["error"] == "client_gone" and "the client closed its connection in ttfb" in rec["error_msg"]
     assert rec["stalled_phase"] == "ttfb"  # it had made no progress for stall.after_s before that
     assert stats["in_flight"] == 0, stats
+
+
+def test_an_upstream_that_breaks_mid_stream_is_a_break_downstream_too(tmp_path):
+    m = MockProcess.start(MockConfig(drop_mid_stream_rate=1.0, output_tokens=40, decode_tokens_per_s=400))
+    out = tmp_path / "run"
+    child, port = start_proxy(m.url, out)
+    try:
+        # the SDK sees the body end without its last chunk (httpx's RemoteProtocolError), as it would
+        # talking to the server itself: not an answer that ended
+        with pytest.raises(openai.APIConnectionError) as e:
+            asyncio.run(harness(port, "a", 1))
+        assert type(e.value.__cause__).__name__ == "RemoteProtocolError", repr(e.value.__cause__)
+
+        async def models():
+            c = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=10)
+            try:
+                return [x.id async for x in c.models.list()]
+            finally:
+                await c.close()
+        assert asyncio.run(models()) == ["mock-model"]  # a path that is no conversation passes through
+    finally:
+        code, text = stop_proxy(child)
+        m.stop()
+    recs = [r for r in records(out) if r["kind"] == "agent"]
+    assert len(recs) == 1 and recs[0]["outcome"] == "error" and recs[0]["token_chunks"] > 0, recs
+    v = orjson.loads((out / "summary.json").read_bytes())["verdict"]
+    assert code == 1 and v["kind"] == "disconnects", text

@@ -168,8 +168,9 @@ class Proxy:
                            "message": f"agentload proxy: {rec.error_msg or rec.error}"}},
                 status=status, headers={"X-Agentload-Proxy": rec.error or "error"})
         resp = tap.resp
-        if rec.error is not None and rec.status is not None and rec.status < 400 and not tap.gone:
+        if (res is None or res.status is None) and not tap.gone:
             # the upstream answer broke (or was given up) mid-body: pass the break on, not an end
+            # (an answer read to its end is forwarded whole, whatever its verdict)
             if request.transport is not None:
                 request.transport.close()
             return resp

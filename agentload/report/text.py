@@ -40,10 +40,17 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
             con.print(f"  - {e}", soft_wrap=True, markup=False)
     con.print()
     state = "cut short: " + (run.get("stop_reason") or "") if run.get("cut_short") else "ended normally"
-    con.print(f"run {run['id']}  scenario {run['scenario']}  {run.get('duration_s')} s  {state}", markup=False)
-    con.print(f"target {run['endpoint']}{' (embedded mock)' if run.get('embedded_mock') else ''}  "
-              f"model {run.get('model')}", markup=False)
-    con.print(f"agents {tot['agents']}  requests {tot['requests']}  completed {tot['completed']}  "
+    proxy = run.get("proxy")
+    if proxy:  # a harness's own traffic: its conversations are the "agents", its model its own
+        con.print(f"run {run['id']}  agentload proxy on {proxy.get('listen')} -> {proxy.get('upstream')}  "
+                  f"settings from {run['scenario']}  {run.get('duration_s')} s  {state}", markup=False)
+        con.print(f"conversations inferred from the messages"
+                  + (f" (or header {proxy['session_header']})" if proxy.get("session_header") else ""), markup=False)
+    else:
+        con.print(f"run {run['id']}  scenario {run['scenario']}  {run.get('duration_s')} s  {state}", markup=False)
+        con.print(f"target {run['endpoint']}{' (embedded mock)' if run.get('embedded_mock') else ''}  "
+                  f"model {run.get('model')}", markup=False)
+    con.print(f"{'conversations' if proxy else 'agents'} {tot['agents']}  requests {tot['requests']}  completed {tot['completed']}  "
               f"errors {tot['errors']}  stalled {tot['stalled']} (given up {tot.get('given_up', 0)})  "
               f"cut short {tot['cut_short']}  "
               f"rounds completed {tot['rounds_completed']}  canaries {tot['canaries_ok']}/{tot['canaries']} ok")
