@@ -233,7 +233,7 @@ def proxy_to_dir(sc: Scenario, run_dir: Path, upstream: str, *, host: str = "127
         sock.listen(1024)
     except OSError as e:
         sock.close()
-        raise UserError(f"--host {host} --port {port}: cannot listen there: {e.strerror or e}")
+        raise UserError(f"--host {host} --port {port}: cannot listen there: {e.strerror or e}") from e
     bound = sock.getsockname()
     if on_listening is not None:
         on_listening(bound[0], bound[1])

@@ -98,7 +98,8 @@ def run_section(data: RunData, sp: SummaryPass) -> dict[str, Any]:
         "stall": sc.get("stall", {}),
         "agents": sc.get("agents", {}),
         "workers": m.get("workers", 1),
-        "proxy": m.get("proxy"),  # `agentload proxy`: upstream, where it listened, the session header
+        # `agentload proxy`: upstream, where it listened, the session header (absent for a run)
+        **({"proxy": m["proxy"]} if m.get("proxy") else {}),
         "latency_from": ("intended start of each conversation's first request (open loop: a late start counts), "
                          "actual send of later rounds") if sc.get("agents", {}).get("arrival") == "open"
         else "actual send (closed loop: each agent waits for its answer)",

@@ -44,7 +44,7 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
     if proxy:  # a harness's own traffic: its conversations are the "agents", its model its own
         con.print(f"run {run['id']}  agentload proxy on {proxy.get('listen')} -> {proxy.get('upstream')}  "
                   f"settings from {run['scenario']}  {run.get('duration_s')} s  {state}", markup=False)
-        con.print(f"conversations inferred from the messages"
+        con.print("conversations inferred from the messages"
                   + (f" (or header {proxy['session_header']})" if proxy.get("session_header") else ""), markup=False)
     else:
         con.print(f"run {run['id']}  scenario {run['scenario']}  {run.get('duration_s')} s  {state}", markup=False)
