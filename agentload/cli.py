@@ -155,6 +155,64 @@ def proxy(
         raise typer.Exit(1)
 
 
+@app.command()
+def replay(
+    capture: Annotated[str, typer.Argument(help="A capture: an `agentload proxy` run folder, or a conversation JSONL file (one {\"messages\": [...]} a line)")],
+    scenario: Annotated[Optional[str], typer.Argument(help="Scenario for everything else: target, client, stall, mock (default: demo)")] = None,
+    agents: Annotated[Optional[str], typer.Option(help="How many agents: N, or Nx (N times the captured conversations); they cycle over the conversations (default: 1x)")] = None,
+    speed: Annotated[float, typer.Option(help="Think times between rounds divided by this (10: ten times faster)")] = 1.0,
+    fmt: Annotated[str, typer.Option("--format", help="'auto', 'proxy' or 'openai'")] = "auto",
+    endpoint: Annotated[Optional[str], typer.Option(help="OpenAI-compatible base URL; default: the scenario's, else the embedded mock")] = None,
+    set_: SetOpt = None,
+    out: Annotated[Optional[Path], typer.Option(help="Run folder (default: reports/<time>-replay)")] = None,
+    fail_on: Annotated[str, typer.Option(help="'problem': exit 1 when the verdict is not healthy; 'never'")] = "problem",
+    live: Annotated[bool, typer.Option(help="Print a live line every second")] = True,
+) -> None:
+    """Play captured conversations back as scripted agents: their rounds, tool calls, prompt sizes and think times."""
+    from agentload.launch import run_to_dir
+    from agentload.run.replay import load_plans, max_rounds
+    from agentload.run.runner import default_out_dir
+    from agentload.run.scenario import load_scenario
+
+    if fail_on not in ("problem", "never"):
+        _fail(f"--fail-on: expected 'problem' or 'never', got {fail_on!r}")
+    if fmt not in ("auto", "proxy", "openai"):
+        _fail(f"--format: expected 'auto', 'proxy' or 'openai', got {fmt!r}")
+    if not speed > 0:
+        _fail(f"--speed: expected a number > 0, got {speed:g}")
+    try:
+        plans = load_plans(capture, fmt)
+    except UserError as e:
+        _fail(str(e))
+    n = len(plans)
+    if agents is not None:
+        m = re.fullmatch(r"\s*(\d+)\s*(x?)\s*", agents)
+        if not m or int(m.group(1)) < 1:
+            _fail(f"--agents: expected N or Nx with N >= 1 (e.g. 100 or 10x), got {agents!r}")
+        n = int(m.group(1)) * (len(plans) if m.group(2) else 1)
+    overrides = [f"replay.source={_toml_str(str(Path(capture).resolve()))}", f"replay.format={_toml_str(fmt)}",
+                 f"replay.speed={speed!r}", 'conversation.mode="scripted"', f"agents.count={n}",
+                 f"agents.rounds={max_rounds(plans)}", *(set_ or [])]
+    if endpoint:
+        overrides.append(f"target.endpoint={_toml_str(endpoint)}")
+    try:
+        sc = load_scenario(scenario, overrides)
+    except UserError as e:
+        _fail(str(e))
+    run_dir = out or default_out_dir(sc, name="replay")
+    try:
+        launched = run_to_dir(sc, run_dir, live=live)
+    except UserError as e:
+        _fail(str(e))
+    _echo(launched.text)
+    _echo(f"records: {run_dir / 'records.jsonl'}  summary: {run_dir / 'summary.json'}  html: {run_dir / 'report.html'}",
+          err=True)
+    if launched.outcome.interrupted:
+        raise typer.Exit(130 if launched.summary["verdict"]["kind"] == "healthy" or fail_on == "never" else 1)
+    if fail_on == "problem" and launched.summary["verdict"]["kind"] != "healthy":
+        raise typer.Exit(1)
+
+
 def _toml_str(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 

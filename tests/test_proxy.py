@@ -51,7 +51,7 @@ def stop_proxy(child: ChildProcess, timeout_s: float = 60) -> tuple[int | None, 
 
 
 async def harness(port: int, name: str, rounds: int, stop_after: int | None = None, think_s: float = 0.05,
-                  timeout_s: float = 30) -> list[str]:
+                  timeout_s: float = 30, result_words: int = 20) -> list[str]:
     """One agent of a real harness: the openai SDK, streamed, tool calls appended with their results."""
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=timeout_s)
     msgs: list[dict] = [{"role": "system", "content": f"You are agent {name}."},
@@ -82,7 +82,7 @@ async def harness(port: int, name: str, rounds: int, stop_after: int | None = No
                 {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
                 for c in calls.values()]})
             for c in calls.values():
-                msgs.append({"role": "tool", "tool_call_id": c["id"], "content": "file contents " * 20})
+                msgs.append({"role": "tool", "tool_call_id": c["id"], "content": "file contents " * result_words})
             if stop_after is not None and rnd >= stop_after:
                 return seen  # this harness's agent is stuck now: it never sends the next round
             await asyncio.sleep(think_s)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from agentload.errors import drop_tracebacks
 from agentload.run.context import AgentState
 from agentload.run.conversation import Conversation, agent_rng  # numpy Generator per agent
+from agentload.run.replay import ReplayConversation
 from agentload.records import Record, Trace
 from agentload.run.request import ConversationBody, Result, Tap, classify_exception, send, sent_request_id
 
@@ -188,8 +189,11 @@ async def run_agent(ctx: "RunContext", agent: int, intended_start: int | None = 
         for k in itertools.count():
             if k and (ctx.stopping or not sc.agents.restart):
                 break
-            if await _conversation(ctx, st, Conversation(conv_cfg, sc.target.model, rng, agent, ctx.tools),
-                                   session, k, intended) != "done":
+            plans = ctx.replay_plans
+            conv = (Conversation(conv_cfg, sc.target.model, rng, agent, ctx.tools) if plans is None else
+                    ReplayConversation(conv_cfg, sc.target.model, rng, agent, ctx.tools,
+                                       plans[agent % len(plans)], sc.replay.speed))
+            if await _conversation(ctx, st, conv, session, k, intended) != "done":
                 return st
             intended = None
             st.conversations = k + 1
@@ -259,7 +263,7 @@ async def _conversation(ctx: "RunContext", st: AgentState, conv: Conversation, s
         else:
             assistant = conv.scripted_assistant(rnd)
         conv.append(assistant)
-        if rnd == sc.agents.rounds:
+        if rnd == sc.agents.rounds or rnd == conv.last_round:
             break
         # nothing of this request is needed in the tool time: let it go (10,000 sleeping agents)
         res = rec = trace = body = None

@@ -73,6 +73,7 @@ class RunContext:
     writer: RecordWriter
     tools: list[dict[str, Any]]
     inflight: dict[str, Trace] = field(default_factory=dict)
+    replay_plans: list[Any] | None = None  # [replay]: the captured conversations agents play back (agentload.run.replay)
     agent_states: dict[int, AgentState] = field(default_factory=dict)
     # open loop: ended conversations leave agent_states (memory stays flat) and are counted here by state
     finished: dict[str, int] = field(default_factory=dict)

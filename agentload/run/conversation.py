@@ -129,6 +129,8 @@ def _head(cfg: ConversationConfig, model: str, tools: list[dict[str, Any]]) -> t
 class Conversation:
     """Messages of one agent, with their serialised form and token estimate kept in step."""
 
+    last_round = 0  # the round it ends after (0: agents.rounds decides); a replayed conversation sets its own
+
     __slots__ = ("cfg", "model", "rng", "tools", "_tools_tokens", "_body", "_head_len", "n_messages",
                  "tokens", "agent", "round", "_latency_s", "_user_tokens", "_pending", "_in_body", "_packed")
 

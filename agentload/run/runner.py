@@ -56,6 +56,7 @@ from agentload.run.sampler import Sampler
 from agentload.run.snapshot import TimeGrid, follow, scan, scan_sliced, stall_tick
 from agentload.run.conversation import Conversation, tool_schemas
 from agentload.run.observers import start_observers
+from agentload.run.replay import load_plans
 from agentload.records import RecordWriter, Trace
 from agentload.run.scenario import Scenario, const
 
@@ -385,10 +386,12 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
                     files_suffix=sfx)
     if extra_meta:
         meta.update(extra_meta)
+    plans = load_plans(sc.replay.source, sc.replay.format) if sc.replay.source else None  # a bad capture: no run
     transport = Transport(sc.client, sc.target, base_url)  # first: a missing secret leaves no half-made run
     _write_json(out_dir / f"run{sfx}.json", meta)
     writer = RecordWriter(out_dir / f"records{sfx}.jsonl", loop=asyncio.get_running_loop())
     ctx = RunContext(sc, run_id, transport.url, transport, writer, tool_schemas(sc.conversation.tools))
+    ctx.replay_plans = plans
     if worker is not None:
         ctx.shard = (worker.index, worker.count)
     elif shard is not None:

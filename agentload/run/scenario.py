@@ -394,6 +394,17 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class ReplayConfig:
+    """Agents that replay captured conversations (`agentload replay`) instead of drawing new ones."""
+
+    # a capture: an `agentload proxy` run folder (or its records.jsonl), or an OpenAI-style
+    # conversation JSONL file (one conversation a line: `messages`, optional `tools`)
+    source: Optional[str] = setting(None, Opt(Text("a path to a capture", nonblank=True, one_line=True)))
+    format: Literal["auto", "proxy", "openai"] = "auto"  # auto: a folder or records.jsonl is a proxy capture
+    speed: float = setting(1.0, Number(0, above=True))  # think times between rounds divided by this
+
+
+@dataclass(frozen=True)
 class Scenario:
     source: str = setting(internal=True)
     target: TargetConfig = TargetConfig()
@@ -407,10 +418,14 @@ class Scenario:
     router: RouterConfig = RouterConfig()
     schedule: tuple = setting((), SCHEDULE)  # [[schedule]]: faults applied to fleet backends during the run
     cluster: ClusterConfig = ClusterConfig()  # [cluster] engine = "ray": shards on a Ray cluster
+    replay: ReplayConfig = ReplayConfig()  # [replay]: captured conversations instead of synthetic ones
     description: str = ""
 
     def _validate(self, at: At) -> None:
         check_fleet(self.fleet, self.router, self.schedule, self.target.endpoint is not None, at)
+        if self.replay.source and self.conversation.mode != "scripted":
+            (at / "replay" / "source").error("expected conversation.mode = \"scripted\" with a replay (the capture "
+                                             "decides each round's tool calls, not the model)")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"source": self.source, "description": self.description}
@@ -428,6 +443,8 @@ class Scenario:
         """
         d = self.to_dict()
         keep = {k: d[k] for k in ("agents", "conversation", "mock")}
+        if self.replay.source:  # (left out otherwise: fingerprints of runs without it stay as they were)
+            keep["replay"] = d["replay"]
         keep["model"] = d["target"]["model"]
         return hashlib.sha256(orjson.dumps(keep, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
@@ -440,7 +457,8 @@ class Scenario:
             raise relabel(e, written, label) from None
 
 
-SECTIONS = ("target", "agents", "conversation", "client", "stall", "canary", "mock", "fleet", "router", "cluster")
+SECTIONS = ("target", "agents", "conversation", "client", "stall", "canary", "mock", "fleet", "router", "cluster",
+            "replay")
 
 
 def _section_to_dict(sec: Any) -> dict[str, Any]:

@@ -1,0 +1,206 @@
+"""Captured conversations played back as scripted agents (`agentload replay`, `[replay]`).
+
+A capture gives, per conversation and round, the shapes a harness produced: the request's prompt
+size (tokens.py's estimate, the one every record and the mock use), the tool calls its answer
+carried, and the harness's think time before its next round. A `ReplayConversation` is a scripted
+conversation that reproduces them: the first request's system prompt sized so that it weighs what
+the captured one did, each answer with the captured number of tool calls, and each round's tool
+results (or user turn) sized so that the next request weighs what the captured next request did.
+Text is synthetic (a capture keeps shapes, never text), drawn from the agent's own seeded stream.
+
+Two formats:
+- `proxy`: an `agentload proxy` run folder (or its records.jsonl): prompt sizes, tool calls and
+  the think times measured between an answer's end and the next request's arrival;
+- `openai`: one conversation a line, `{"messages": [...], "tools": [...]}` in chat/completions
+  form (`tool_calls` on assistant messages, `role: tool` results), the shape agent trajectories
+  and ShareGPT-style sets are published in: each assistant message ends a round; no think times
+  (the scenario's `conversation.tool_latency_ms` is used).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from agentload.errors import UserError
+from agentload.records import iter_record_dicts
+from agentload.run.chat_stream import assistant_turn
+from agentload.run.conversation import Conversation, _below, synthetic_text
+from agentload.run.scenario import ConversationConfig, const
+from agentload.tokens import TOKENS_PER_MESSAGE, prompt_tokens, text_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class RoundPlan:
+    prompt_tokens: int  # the request's prompt size, tokens.py's estimate
+    tool_calls: int  # tool calls in its answer (0: a text answer)
+    think_s: float | None  # the harness's time from this answer to its next request (None: not known)
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationPlan:
+    name: str  # where it came from: "conversation 3" of a proxy capture, "line 7" of a JSONL file
+    rounds: tuple[RoundPlan, ...]
+
+
+def load_plans(source: str, fmt: str = "auto") -> list[ConversationPlan]:
+    """The conversations of a capture, in order; a UserError naming the file, line and field when
+    it cannot be read as one."""
+    path = Path(source)
+    if not path.exists():
+        raise UserError(f"{source}: replay.source: expected a capture (a proxy run folder, its records.jsonl, "
+                        f"or a conversation JSONL file), no such file or folder")
+    if fmt == "auto":
+        fmt = "proxy" if path.is_dir() or path.name.startswith("records") else "openai"
+    if fmt == "proxy":
+        plans = _from_proxy(path / "records.jsonl" if path.is_dir() else path)
+    else:
+        plans = _from_openai(path)
+    if not plans:
+        raise UserError(f"{source}: replay.source: expected at least one conversation with a request, found none")
+    return plans
+
+
+def _from_proxy(path: Path) -> list[ConversationPlan]:
+    if not path.is_file():
+        raise UserError(f"{path}: replay.source: expected the records.jsonl of an `agentload proxy` run")
+    by_conv: dict[int, dict[int, dict[str, Any]]] = {}
+    for d in iter_record_dicts(path):
+        if d is None or d.get("kind") != "agent":
+            continue
+        try:
+            a, rnd, call = int(d["agent"]), int(d["round"]), int(d.get("call") or 0)
+        except (KeyError, TypeError, ValueError):
+            continue
+        rounds = by_conv.setdefault(a, {})
+        prev = rounds.get(rnd)
+        if prev is None or call >= int(prev.get("call") or 0):  # a retried round: its last attempt
+            rounds[rnd] = d
+    plans = []
+    for a in sorted(by_conv):
+        rounds = by_conv[a]
+        out = []
+        for rnd in sorted(rounds):
+            d = rounds[rnd]
+            nxt = rounds.get(rnd + 1)
+            think = None
+            end = (d.get("t") or {}).get("down_end") or (d.get("t") or {}).get("end")
+            arrive = (nxt.get("t") or {}).get("down_start") if nxt is not None else None
+            if end is not None and arrive is not None:
+                think = max(0.0, (arrive - end) / 1e9)
+            out.append(RoundPlan(int(d.get("prompt_tokens") or 0), int(d.get("tool_calls") or 0), think))
+        plans.append(ConversationPlan(f"conversation {a}", tuple(out)))
+    return plans
+
+
+def _from_openai(path: Path) -> list[ConversationPlan]:
+    plans = []
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as e:
+        raise UserError(f"{path}: replay.source: cannot read it: {e.strerror or e}") from e
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            d = orjson.loads(line)
+        except orjson.JSONDecodeError as e:
+            raise UserError(f"{path}: line {i}: expected one JSON object a line ({e})") from None
+        msgs = d.get("messages") if isinstance(d, dict) else None
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+            raise UserError(f"{path}: line {i}: messages: expected a list of message objects")
+        tools = d.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise UserError(f"{path}: line {i}: tools: expected a list of tool schemas")
+        out = []
+        for j, m in enumerate(msgs):
+            if m.get("role") != "assistant":
+                continue
+            calls = m.get("tool_calls") or []
+            if not isinstance(calls, list):
+                raise UserError(f"{path}: line {i}: messages[{j}].tool_calls: expected a list")
+            out.append(RoundPlan(prompt_tokens(msgs[:j], tools), len(calls), None))
+        if out:
+            plans.append(ConversationPlan(f"line {i}", tuple(out)))
+    return plans
+
+
+def max_rounds(plans: list[ConversationPlan]) -> int:
+    return max(len(p.rounds) for p in plans)
+
+
+def _fitting_tools(tools: list[dict[str, Any]], room: int) -> list[dict[str, Any]]:
+    """The scenario's tool schemas if they fit in the captured first prompt (a capture does not keep
+    the harness's own), else as many minimal schemas as fit (the calls need a tool to name)."""
+    if not tools or text_tokens(orjson.dumps(tools).decode()) <= room:
+        return tools
+    out: list[dict[str, Any]] = []
+    for i in range(len(tools)):
+        t = {"type": "function", "function": {"name": f"tool_{i}", "parameters": {"type": "object"}}}
+        if text_tokens(orjson.dumps(out + [t]).decode()) > room:
+            break
+        out.append(t)
+    return out
+
+
+class ReplayConversation(Conversation):
+    """A scripted conversation that reproduces one captured conversation's shapes (see the module)."""
+
+    __slots__ = ("plan", "speed", "last_round", "_rnd", "_default_latency")
+
+    def __init__(self, cfg: ConversationConfig, model: str, rng: np.random.Generator, agent: int,
+                 tools: list[dict[str, Any]] | None, plan: ConversationPlan, speed: float = 1.0):
+        first = plan.rounds[0].prompt_tokens
+        tools = _fitting_tools(tools or [], first - 2 * TOKENS_PER_MESSAGE - 2)
+        tools_tokens = text_tokens(orjson.dumps(tools).decode()) if tools else 0
+        user = max(1, min(cfg.user_tokens.sample_int(rng), first - tools_tokens - 2 * TOKENS_PER_MESSAGE))
+        system = max(0, first - tools_tokens - 2 * TOKENS_PER_MESSAGE - user)
+        super().__init__(dataclasses.replace(cfg, system_tokens=const(system), user_tokens=const(user)), model, rng,
+                         agent, tools)
+        self.plan = plan
+        self.speed = speed
+        self.last_round = len(plan.rounds)
+        self._rnd = 1
+        self._default_latency = cfg.tool_latency_ms
+
+    def scripted_assistant(self, round_no: int) -> dict[str, Any]:
+        self._rnd = round_no
+        n = self.plan.rounds[round_no - 1].tool_calls if round_no <= len(self.plan.rounds) else 0
+        calls = []
+        for i in range(n if self.tools else 0):
+            tool = self.tools[_below(self.rng, len(self.tools))]["function"]["name"]
+            args = orjson.dumps({"query": synthetic_text(self.rng, 4)}).decode()
+            calls.append({"id": f"call_a{self.agent}r{round_no}n{i}", "type": "function",
+                          "function": {"name": tool, "arguments": args}})
+        return assistant_turn(None if calls else synthetic_text(self.rng, 8), calls, self.cfg.assistant_content)
+
+    def _next_size(self, messages: int) -> int:
+        """Tokens the next `messages` messages must carry so the next request weighs what the captured one did."""
+        if self._rnd >= len(self.plan.rounds):
+            return messages
+        need = self.plan.rounds[self._rnd].prompt_tokens - self.tokens - messages * TOKENS_PER_MESSAGE
+        return max(messages, need)
+
+    def tool_results(self, assistant: dict[str, Any]) -> list[dict[str, Any]]:
+        calls = assistant.get("tool_calls") or ()
+        if not calls:
+            return []
+        total = self._next_size(len(calls))
+        each, extra = divmod(total, len(calls))
+        return [{"role": "tool", "tool_call_id": c.get("id") or "",
+                 "content": synthetic_text(self.rng, max(1, each + (1 if k < extra else 0)))}
+                for k, c in enumerate(calls)]
+
+    def next_user_turn(self) -> None:
+        self.append({"role": "user", "content": synthetic_text(self.rng, self._next_size(1))})
+
+    def tool_latency_s(self) -> float:
+        r = self.plan.rounds[self._rnd - 1] if self._rnd <= len(self.plan.rounds) else None
+        if r is None or r.think_s is None:
+            return self._default_latency.sample(self.rng) / 1000.0 / self.speed
+        return r.think_s / self.speed

@@ -1,0 +1,119 @@
+"""`agentload replay`: captured conversations played back as scripted agents.
+
+The capture is made the way a user makes it: the openai SDK as the harness, `agentload proxy` in
+between, the real mock behind; then `agentload replay` (a subprocess, as the user runs it)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from pathlib import Path
+
+import orjson
+import pytest
+
+from agentload.errors import UserError
+from agentload.mock.config import MockConfig
+from agentload.mock.process import MockProcess
+from agentload.run.replay import load_plans
+from helpers import cli
+
+
+def _write(path: Path, lines: list) -> Path:
+    path.write_bytes(b"\n".join(orjson.dumps(x) for x in lines) + b"\n")
+    return path
+
+
+def test_openai_conversation_jsonl_gives_one_round_per_assistant_message(tmp_path):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    conv = {"messages": [
+        {"role": "system", "content": "s " * 100}, {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+            {"id": "2", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "1", "content": "x" * 400}, {"role": "tool", "tool_call_id": "2", "content": "y"},
+        {"role": "assistant", "content": "done"}], "tools": tools}
+    plans = load_plans(str(_write(tmp_path / "c.jsonl", [conv, {"messages": [{"role": "user", "content": "hi"}]}])))
+    assert len(plans) == 1 and [r.tool_calls for r in plans[0].rounds] == [2, 0]  # a line without an answer: none
+    p1, p2 = (r.prompt_tokens for r in plans[0].rounds)
+    assert p2 - p1 > 100 and all(r.think_s is None for r in plans[0].rounds)
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"not json\n", "line 1: expected one JSON object a line"),
+    (b'{"messages": "hi"}\n', "line 1: messages: expected a list of message objects"),
+    (b'{"messages": [{"role": "assistant", "tool_calls": 3}]}\n', "line 1: messages[0].tool_calls: expected a list"),
+])
+def test_a_bad_capture_is_one_line_naming_the_line_and_field(tmp_path, content, expected):
+    p = tmp_path / "bad.jsonl"
+    p.write_bytes(content)
+    with pytest.raises(UserError, match=expected.replace("[", r"\[").replace("]", r"\]")):
+        load_plans(str(p))
+    r = cli("replay", str(p), "--no-live")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and expected in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def _capture(tmp_path: Path, mock: MockProcess, stall: bool = False) -> Path:
+    from test_proxy import harness, start_proxy, stop_proxy
+
+    out = tmp_path / "capture"
+    child, port = start_proxy(mock.url, out)
+    try:
+        async def fleet():
+            return await asyncio.gather(*(harness(port, f"a{i}", 6, think_s=0.05 * (i + 1), result_words=20 + 150 * i)
+                                          for i in range(3)), return_exceptions=True)
+        asyncio.run(fleet())
+    finally:
+        stop_proxy(child)
+    return out
+
+
+def _prompts(records: Path) -> dict[int, dict[int, int]]:
+    out: dict[int, dict[int, int]] = defaultdict(dict)
+    for line in records.read_bytes().splitlines():
+        d = orjson.loads(line)
+        if d["kind"] == "agent":
+            out[d["agent"]][d["round"]] = d["prompt_tokens"]
+    return out
+
+
+@pytest.mark.slow
+def test_a_proxy_capture_replayed_at_10x_keeps_each_rounds_prompt_size(tmp_path):
+    mock = MockProcess.start(MockConfig(tool_call_rounds=4, output_tokens=8, decode_tokens_per_s=2000))
+    try:
+        cap = _capture(tmp_path, mock)
+        out = tmp_path / "replay"
+        r = cli("replay", str(cap), "--agents", "10x", "--speed", "10", "--endpoint", mock.url, "--out", str(out),
+                "--no-live", "--set", "canary.every_s=0", timeout=300)
+    finally:
+        mock.stop()
+    assert r.returncode == 0, r.stdout + r.stderr
+    captured = _prompts(cap / "records.jsonl")
+    order = sorted(captured)
+    replayed = _prompts(out / "records.jsonl")
+    assert len(replayed) == 30
+    for agent, rounds in replayed.items():
+        want = captured[order[agent % len(order)]]
+        assert sorted(rounds) == sorted(want), (agent, rounds, want)
+        for rnd, p in rounds.items():
+            assert abs(p - want[rnd]) <= 0.01 * want[rnd], (agent, rnd, p, want[rnd])
+    assert "VERDICT [healthy]" in r.stdout
+
+
+@pytest.mark.slow
+def test_a_capture_that_hung_hangs_again_in_the_same_round_and_phase(tmp_path):
+    cfg = MockConfig(tool_call_rounds=0, output_tokens=8, decode_tokens_per_s=2000, hang_above_tokens=500)
+    mock = MockProcess.start(cfg)
+    try:
+        cap = _capture(tmp_path, mock, stall=True)
+        out = tmp_path / "replay"
+        r = cli("replay", str(cap), "--agents", "2x", "--speed", "5", "--endpoint", mock.url, "--out", str(out),
+                "--no-live", "--set", "stall.after_s=1", "--set", "stall.give_up_s=3", timeout=300)
+    finally:
+        mock.stop()
+    before = orjson.loads((cap / "summary.json").read_bytes())["verdict"]
+    after = orjson.loads((out / "summary.json").read_bytes())["verdict"]
+    assert before["kind"] == after["kind"] == "server_stall", r.stdout
+    assert (after["phase"], after["first_round"]) == (before["phase"], before["first_round"]) == ("ttfb", before["first_round"])
+    assert r.returncode == 1
