@@ -57,7 +57,7 @@ class RunBuilder:
             call: int = 0, bad_events: int = 0, comments: int = 0, kind: str = "agent",
             finish_reason: str | None = "tool_calls", status: int | None = 200, backend: str | None = None,
             cached_tokens: int | None = None, conversation: int = 0, id_sent: str | None = None,
-            at_ms: float | None = None, held_ms: float | None = None) -> Record:
+            at_ms: float | None = None, held_ms: float | None = None, idle_ms: float | None = None) -> Record:
         """One request whose phases last as given; a None phase (and every one after it) never happened.
         `at_ms`: its start (ms on the records' clock, t0 = 0), else right after the previous one.
         `held_ms`: a request that did not complete ends this long after its last stamp (a hang: the
@@ -84,6 +84,8 @@ class RunBuilder:
         extra = {"bad_events": bad_events} if "bad_events" in Record.__dataclass_fields__ else {}
         if backend is not None or cached_tokens is not None or conversation or id_sent is not None:
             extra.update(backend=backend, cached_tokens=cached_tokens, conversation=conversation, id_sent=id_sent)
+        if idle_ms is not None:  # a reused connection's idle time in the pool
+            extra["idle_ns"] = int(idle_ms * MS)
         rec = Record(v=RECORD_VERSION, run="synthetic", kind=kind, agent=agent, round=rnd, call=call,
                      request_id=f"synthetic-a{agent}-k{conversation}-r{rnd}-c{call}" if conversation else
                      f"synthetic-a{agent}-r{rnd}-c{call}", messages=2 * rnd, prompt_bytes=400 * rnd,

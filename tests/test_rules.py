@@ -232,6 +232,48 @@ def test_a_stale_keepalive_post_is_disconnects_in_send():
     assert any("aiohttp does not retry these" in e for e in v["evidence"])
 
 
+def _stale_run(ok_idle_ms: float | None, failed_idle_ms: list[float | None], reused_ok: bool = True) -> RunBuilder:
+    run = RunBuilder(agents=4, rounds=3)
+    for rnd in (1, 2, 3):
+        for a in range(4):
+            if rnd == 1 or not reused_ok:
+                run.ok(a, rnd, connect_ms=1.0)
+            else:
+                run.ok(a, rnd, reused=True, idle_ms=ok_idle_ms)
+    for i, idle in enumerate(failed_idle_ms):
+        run.error(i, 4, "ServerDisconnectedError", ttfb_ms=None, reused=True, idle_ms=idle)
+    return run
+
+
+def test_a_failed_reuse_idle_longer_than_every_answered_reuse_is_a_keepalive_timeout_between_the_two():
+    v = diagnose(_stale_run(800.0, [2_500.0, 3_000.0]).data())
+    assert (v["kind"], v["phase"]) == ("disconnects", "send")
+    ev = "\n".join(v["evidence"])
+    assert "idle in the pool before the failed reuse: 2500 ms-3000 ms" in ev, ev
+    assert "keep-alive timeout lies between 800 ms and 2500 ms, shorter than the client's keepalive_timeout (15.0 s)" in ev, ev
+
+
+def test_failed_reuses_when_no_reuse_ever_got_an_answer_blame_a_close_after_each_answer_not_a_timeout():
+    """llama-server closes after every streamed answer: no reuse works, whatever the idle time."""
+    v = diagnose(_stale_run(None, [0.4, 12.0], reused_ok=False).data())
+    ev = "\n".join(v["evidence"])
+    assert "idle in the pool before the failed reuse: 0.40 ms-12.0 ms" in ev, ev
+    assert "no reused connection ever got an answer (2 of 14 requests reused a connection (14%)" in ev, ev
+    assert "closes its connection after each answer" in ev and "no keep-alive timeout is as short as 12.0 ms" in ev, ev
+    assert "keep-alive timeout lies between" not in ev and "shorter than the client's" not in ev, ev
+
+
+def test_failed_reuses_that_sat_idle_as_long_as_answered_ones_are_a_race_with_the_keepalive_timeout():
+    v = diagnose(_stale_run(300.0, [160.0, 290.0]).data())
+    ev = "\n".join(v["evidence"])
+    assert "reuses that got an answer had sat idle up to 300 ms" in ev and "a race with the server's keep-alive" in ev, ev
+
+
+def test_a_failed_reuse_without_an_idle_time_says_it_cannot_tell():
+    v = diagnose(_stale_run(300.0, [None]).data())
+    assert any("how long their connections had sat idle was not recorded" in e for e in v["evidence"]), v["evidence"]
+
+
 def test_a_single_server_error_is_never_healthy():
     run = healthy_base(agents=10, rounds=10)
     run.error(0, 11, "http_503")

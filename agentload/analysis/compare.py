@@ -18,7 +18,7 @@ from hdrh.histogram import HdrHistogram
 from agentload.analysis.passes import one_pass
 from agentload.analysis.stats import SparseHistogram, fmt_ms, histogram_of, percentiles_ms
 from agentload.analysis.summary import SummaryPass, build_summary
-from agentload.analysis.verdict import DISCONNECT_ERRORS, Facts
+from agentload.analysis.verdict import Facts, is_failed_reuse
 from agentload.errors import UserError
 from agentload.records import Record
 from agentload.records.phases import COMPARE_CDF_PHASES, COMPARE_PHASES
@@ -63,10 +63,7 @@ FINGERPRINT_SECTIONS = ("agents", "conversation", "mock")
 SETTING_SECTIONS = ("client", "stall")
 
 
-def is_stale_error(r: Record) -> bool:
-    """A request that failed with a disconnect-class error on a reused keep-alive connection
-    before any response header: the server closed the connection while the client held it idle."""
-    return r.outcome == "error" and r.reused is True and r.error in DISCONNECT_ERRORS and "headers" not in r.t
+is_stale_error = is_failed_reuse  # (the verdict's one definition, under the name compare's rows use)
 
 
 def _phase(summary: dict[str, Any], phase: str, q: str) -> float | None:
@@ -79,7 +76,7 @@ class CompareTally:
 
     def __init__(self) -> None:
         self.requests = self.completed = self.stalls = self.errors = 0
-        self.connections_opened = self.got_conn = self.reused = 0
+        self.connections_opened = 0
 
     def add(self, r: Record) -> None:
         if r.kind != "agent":
@@ -89,9 +86,6 @@ class CompareTally:
         self.stalls += bool(r.stalled_phase)
         self.errors += r.outcome == "error"
         self.connections_opened += "conn_end" in r.t
-        if r.reused is not None:
-            self.got_conn += 1
-            self.reused += bool(r.reused)
 
 
 def measure_run(data: RunData) -> tuple[dict[str, Any], dict[str, Any], dict[str, list[float]]]:
@@ -112,7 +106,7 @@ def measure_run(data: RunData) -> tuple[dict[str, Any], dict[str, Any], dict[str
         "errors": tally.errors,
         "stale_errors": sum(1 for r in errors if is_stale_error(r)),
         "connections_opened": tally.connections_opened,
-        "reuse_rate": round(tally.reused / tally.got_conn, 4) if tally.got_conn else None,
+        "reuse_rate": summary["connections"]["reuse_rate"],
         "duration_s": summary["run"].get("duration_s"),
     }
     for p in PHASE_ROWS:

@@ -12,7 +12,7 @@ from typing import Any
 
 from agentload.analysis.passes import one_pass
 from agentload.analysis.router import RouterPass
-from agentload.analysis.verdict import FactsAccumulator, agent_outcomes, diagnose, is_server_error
+from agentload.analysis.verdict import FactsAccumulator, agent_outcomes, diagnose, failed_reuses, is_server_error
 from agentload.records import Record
 from agentload.records.rundir import RunData
 from agentload.analysis.stats import RoundStats, SparseHistogram, fmt_dur, percentiles_ms
@@ -195,6 +195,21 @@ def summary_pass(data: RunData) -> SummaryPass:
     return sp
 
 
+def connections_section(sp: SummaryPass) -> dict[str, Any]:
+    """How agent requests got their connection: new or reused (the reuse rate), and the reuses the
+    other side closed before any answer, with how long those had sat idle in the pool."""
+    c = sp.facts.conns
+    failed = failed_reuses(r for r in sp.facts.close().troubled if r.outcome == "error")
+    idle = [r.idle_ns / 1e6 for r in failed if r.idle_ns is not None]
+    rate = c.rate
+    return {"new": c.new, "reused": c.reused, "reuse_rate": round(rate, 4) if rate is not None else None,
+            "answered_reuse_idle_max_ms": (round(c.answered_idle_max_ns / 1e6, 3)
+                                           if c.answered_idle_max_ns is not None else None),
+            "failed_reuses": len(failed),
+            "failed_reuse_idle_ms": {"min": round(min(idle), 3), "max": round(max(idle), 3), "n": len(idle)}
+            if idle else None}
+
+
 def router_section(data: RunData, sp: SummaryPass) -> dict[str, Any] | None:
     """summary.json's `router` (None without a fleet or a record that names its backend): from the
     pass when it carried the router's consumer (`SummaryPass(data)`), else from a pass of its own."""
@@ -232,6 +247,7 @@ def build_summary(data: RunData, sp: SummaryPass | None = None) -> dict[str, Any
             for rnd, c in sorted(rs.counts.items())
         ],
         "agents": agents,
+        "connections": connections_section(sp),
         "warnings": warnings_for(data, sp, verdict),
     }
     bands = rs.bands()

@@ -237,3 +237,39 @@ class CanaryTally:
                 if e >= 0:
                     e2e.append(e)
         return n, e2e, [c for c in self.failed() if c.t.get("start", 0) >= t0]
+
+
+class ReuseTally:
+    """How the agent requests got their connection: new or reused (keep-alive), and of the reused
+    ones that got an answer (response headers), how long the longest had sat idle in the pool.
+    The reuses that failed before any answer are troubled records, kept by the verdict's facts."""
+
+    __slots__ = ("new", "reused", "answered_reuses", "answered_idle_max_ns", "answered_idle_n")
+
+    def __init__(self) -> None:
+        self.new = 0
+        self.reused = 0
+        self.answered_reuses = 0  # reused and got response headers
+        self.answered_idle_max_ns: int | None = None
+        self.answered_idle_n = 0  # ... of which the idle time is known
+
+    def add(self, r: Record) -> None:
+        if r.reused is None:
+            return
+        if not r.reused:
+            self.new += 1
+            return
+        self.reused += 1
+        if "headers" in r.t:
+            self.answered_reuses += 1
+            idle = r.idle_ns
+            if idle is not None:
+                self.answered_idle_n += 1
+                if self.answered_idle_max_ns is None or idle > self.answered_idle_max_ns:
+                    self.answered_idle_max_ns = idle
+
+    @property
+    def rate(self) -> float | None:
+        """Reused / (new + reused); None when no request got a connection."""
+        n = self.new + self.reused
+        return self.reused / n if n else None

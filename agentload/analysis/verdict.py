@@ -32,7 +32,7 @@ from agentload.records import Record, phase_at, phase_ns
 from agentload.records.phases import SERVER_PHASES, phase_begin
 from agentload.analysis.passes import one_pass, order_key
 from agentload.analysis.stats import SparseHistogram, band_ranges, fmt_dur as _dur, pct_ms, percentiles_ms, quantile_ms
-from agentload.analysis.tallies import CanaryTally, FirstSeenCounts, SizeCounts, Spans
+from agentload.analysis.tallies import CanaryTally, FirstSeenCounts, ReuseTally, SizeCounts, Spans
 from agentload.analysis.router import MIN_NAMED_BACKENDS, attribute, backend_evidence, router_inflight
 from agentload.analysis.target_evidence import router_evidence, target_evidence
 
@@ -75,6 +75,9 @@ SATURATED_MIN_SAMPLES = 2
 POOL_WAIT_SHARE = 0.2
 POOL_WAIT_MIN_MS = 5.0  # ... and at least this long at p90 (microseconds of queueing explain nothing)
 POOL_WAITED_SHARE = 0.05  # ... and at least this share of requests waited for a connection
+# A reused connection closed under its request after sitting idle less than this was not closed by a
+# keep-alive timeout (servers keep idle connections for seconds: uvicorn, llama-server 5 s, nginx 75 s)
+QUICK_CLOSE_MS = 1000.0
 
 # Requests that queued while a server stall held connections are its consequence, unless they spent
 # this many times as long queued there as the stalled requests held connections: then the pool was
@@ -200,6 +203,7 @@ class FactsAccumulator:
         self.min_start: int | None = None  # the first start and the last end of any request (canaries too)
         self.max_end: int | None = None
         self.backends: set[str] = set()  # backend names the records gave (the first MIN_NAMED_BACKENDS)
+        self.conns = ReuseTally()  # agent requests on new and on reused connections
         self._closed = False
 
     def add(self, r: Record) -> None:
@@ -221,6 +225,7 @@ class FactsAccumulator:
             return
         self.requests += 1
         self.max_round = r.round if self.max_round is None else max(self.max_round, r.round)
+        self.conns.add(r)
         t = r.t
         st = self.agent_state.get(r.agent)
         if st is None:
@@ -956,7 +961,7 @@ def rule_disconnects(f: Facts) -> Finding | None:
     errs = [r for r in f.errors_apart if r.error in DISCONNECT_ERRORS]
     if not errs:
         return None
-    stale = [r for r in errs if r.reused and "headers" not in r.t]
+    stale = failed_reuses(errs)
     mid = [r for r in errs if "headers" in r.t]
     fnd = _error_finding(f, Kind.DISCONNECTS, errs,
                          f"the server closed connections: {len(errs)} of {f.requests} requests failed "
@@ -964,12 +969,61 @@ def rule_disconnects(f: Facts) -> Finding | None:
                          "stream" if len(mid) >= len(stale) else "send")
     fnd.evidence.append(f"errors: {fmt_counts(Counter(r.error for r in errs))}")
     if stale:
-        ka = (f.scenario.get("client") or {}).get("keepalive_timeout")
-        fnd.evidence.append(f"{len(stale)} POST(s) on a reused keep-alive connection closed before headers: aiohttp "
-                            f"does not retry these; the server's keep-alive timeout is shorter than the client's "
-                            f"({ka} s)")
+        fnd.evidence.extend(stale_reuse_evidence(f, stale))
     fnd.evidence.extend(router_evidence(f.data, errs, "error"))  # the worker, where the router's counters say it
     return fnd
+
+
+def is_failed_reuse(r: Record) -> bool:
+    """A request on a reused keep-alive connection that the other side closed before any answer
+    (response headers): the POST is lost, and aiohttp does not retry it."""
+    return r.outcome == "error" and r.reused is True and r.error in DISCONNECT_ERRORS and "headers" not in r.t
+
+
+def failed_reuses(errors: Iterable[Record]) -> list[Record]:
+    return [r for r in errors if is_failed_reuse(r)]
+
+
+def stale_reuse_evidence(f: Facts, stale: list[Record]) -> list[str]:
+    """Why reused connections were closed under their requests, from how long each had sat idle in
+    the pool (`Record.idle_ns`) against the reuses that got an answer: longer than any of those is a
+    keep-alive timeout; a few milliseconds is a server that closes after its answer, whatever its
+    headers promise (llama.cpp's llama-server closes after every streamed answer)."""
+    ka = (f.scenario.get("client") or {}).get("keepalive_timeout")
+    c = f.acc.conns
+    idle = [r.idle_ns for r in stale if r.idle_ns is not None]
+    head = f"{len(stale)} POST(s) on a reused keep-alive connection closed before any answer (aiohttp does not retry these)"
+    if not idle:
+        return [head + ": how long their connections had sat idle was not recorded, so a keep-alive timeout cannot "
+                       "be told from a server that closes after each answer"]
+    lo, hi = min(idle) / 1e6, max(idle) / 1e6
+    span = _dur(lo) if lo == hi else f"{_dur(lo)}-{_dur(hi)}"
+    head += f"; idle in the pool before the failed reuse: {span}"
+    if len(idle) < len(stale):
+        head += f" ({len(idle)} of {len(stale)} known)"
+    ok_max = c.answered_idle_max_ns / 1e6 if c.answered_idle_max_ns is not None else None
+    total = c.new + c.reused
+    rate = f"{c.reused} of {total} requests reused a connection ({_share(c.reused, total)})"
+    if not c.answered_reuses:
+        why = (f"no reused connection ever got an answer ({rate}, every reuse failed): the server closes its "
+               f"connection after each answer, whatever its response headers promise (llama.cpp's llama-server "
+               f"does so after every streamed answer), and the client sent requests into that close")
+        if hi < QUICK_CLOSE_MS:
+            why += f"; no keep-alive timeout is as short as {_dur(hi)}"
+        return [head, why + "; client.force_close = true opens a new connection per request and avoids the race"]
+    if ok_max is not None and lo > ok_max:
+        return [head, f"every failed reuse had sat idle longer than any reuse that got an answer "
+                      f"({c.answered_idle_n}, idle at most {_dur(ok_max)}): the server's keep-alive timeout lies "
+                      f"between {_dur(ok_max)} and {_dur(lo)}, shorter than the client's keepalive_timeout ({ka} s); "
+                      f"set client.keepalive_timeout below {_dur(ok_max)}"]
+    if ok_max is not None:
+        return [head, f"reuses that got an answer had sat idle up to {_dur(ok_max)} ({rate}), the failed ones "
+                      f"{span}: a race with the server's keep-alive timeout, about {_dur(max(hi, ok_max))} (the "
+                      f"server counts it from its own end of the answer, which a busy client reads later), shorter "
+                      f"than the client's keepalive_timeout ({ka} s); set client.keepalive_timeout well below "
+                      f"{_dur(lo)}"]
+    return [head, f"the idle time of the reuses that got an answer was not recorded ({rate}): a keep-alive timeout "
+                  f"cannot be told from a server that closes connections at other moments"]
 
 
 def rule_server_errors(f: Facts) -> Finding | None:

@@ -32,7 +32,7 @@ class Trace:
     __slots__ = ("kind", "agent", "round", "call", "request_id", "messages", "prompt_bytes",
                  "prompt_tokens", "t", "reused", "chunks", "token_chunks", "comments", "last_token",
                  "max_gap", "max_gap_at", "stalled_phase", "stalled_at", "gave_up", "timeout_cm",
-                 "bytes_in", "server_first_token_ns", "bad_events", "id_sent", "conversation", "body")
+                 "bytes_in", "server_first_token_ns", "bad_events", "id_sent", "conversation", "body", "idle_ns")
 
     def __init__(self, kind: str, agent: int, round_: int, call: int, request_id: str,
                  messages: int, prompt_bytes: int, prompt_tokens: int, intended: int | None = None,
@@ -65,6 +65,7 @@ class Trace:
         self.bad_events = 0  # malformed events in the response (set by the read path)
         self.id_sent: str | None = None  # the request id header's value, if one was sent
         self.body: Any = None  # the request's body while it connects (the transport may park it)
+        self.idle_ns: int | None = None  # a reused connection: how long it sat idle in the pool before this request
 
     def phase(self) -> str:
         """The phase the request is in now."""
@@ -130,6 +131,11 @@ class Record:
     # The shard that ran this request (`--ray`, `merge`): its stamps were moved onto the driver's
     # clock by the shard's estimated offset (run.json `shards` gives each offset's uncertainty).
     shard: int | None = None
+    # On a reused keep-alive connection: how long it sat idle in the client's pool between the end of
+    # the previous answer on it and this request taking it (None: a new connection, or not known).
+    # A reuse that failed before any answer is judged by it: a few milliseconds is a server that
+    # closes after each answer, seconds past what worked is a keep-alive timeout.
+    idle_ns: int | None = None
 
     @classmethod
     def from_trace(cls, run: str, tr: Trace, *, outcome: str, status: int | None = None,
@@ -143,7 +149,7 @@ class Record:
                      output_tokens, status, outcome, error, error_msg, tr.stalled_phase, tr.reused,
                      finish_reason, tool_calls, tr.chunks, tr.token_chunks, tr.comments,
                      tr.max_gap, tr.max_gap_at, dict(tr.t), tr.server_first_token_ns, tr.bad_events,
-                     tr.id_sent, backend, cached_tokens, tr.conversation, None)
+                     tr.id_sent, backend, cached_tokens, tr.conversation, None, tr.idle_ns)
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
@@ -179,7 +185,7 @@ def _builder() -> Any:
 
 _build = _builder()
 _OPTIONAL = frozenset({"server_first_token_ns", "bad_events", "id_sent", "backend", "cached_tokens",
-                       "conversation", "shard"})
+                       "conversation", "shard", "idle_ns"})
 
 
 class RecordWriter:

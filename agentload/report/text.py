@@ -61,6 +61,9 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
               f"session={c.get('session')}"
               + (f" (per worker process, {run['workers']} workers)" if run.get("workers", 1) > 1 else ""),
               soft_wrap=True, markup=False)
+    conns = summary.get("connections")
+    if conns:
+        con.print(connections_line(conns), soft_wrap=True, markup=False)
     con.print(f"timeouts (s): pool={c.get('pool_timeout_s')} connect={c.get('connect_timeout_s')} "
               f"read={c.get('read_timeout_s')} total={c.get('total_timeout_s')}  "
               f"stall after={s.get('after_s')} give_up={s.get('give_up_s')} on_give_up={s.get('on_give_up')}")
@@ -107,6 +110,22 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
 
 
 # ---------------------------------------------------------------- the router section
+
+
+def connections_line(c: dict[str, Any]) -> str:
+    """`connections: 4 new, 12 reused (reuse rate 75%); ...`"""
+    rate = c.get("reuse_rate")
+    line = (f"connections: {c.get('new', 0)} new, {c.get('reused', 0)} reused (reuse rate "
+            f"{'n/a' if rate is None else f'{100 * rate:.0f}%'})")
+    if c.get("answered_reuse_idle_max_ms") is not None:
+        line += f", longest idle before a reuse that got an answer {_dur(c['answered_reuse_idle_max_ms'])}"
+    if c.get("failed_reuses"):
+        idle = c.get("failed_reuse_idle_ms")
+        line += f"; {c['failed_reuses']} reuse(s) closed by the other side before any answer"
+        if idle:
+            line += (f" after sitting idle {_dur(idle['min'])}" if idle["min"] == idle["max"]
+                     else f" after sitting idle {_dur(idle['min'])}-{_dur(idle['max'])}")
+    return line
 
 
 def _pct(v: float | None) -> str:

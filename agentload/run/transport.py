@@ -27,6 +27,7 @@ import asyncio
 import inspect
 import sys
 import time
+import weakref
 from collections import deque
 from contextvars import ContextVar
 from types import SimpleNamespace
@@ -316,7 +317,22 @@ class _TracedConnector(aiohttp.TCPConnector):
         tr = current_trace.get()
         if tr is not None and tr.reused is None:  # not a new connection: one from the pool
             tr.reused = True
+            idle = self._idle_since.get(conn.protocol) if self._idle_since is not None else None
+            if idle is not None:
+                tr.idle_ns = _now() - idle
         return conn
+
+    _idle_since: "weakref.WeakKeyDictionary[Any, int] | None" = None
+
+    def _release(self, key: Any, protocol: Any, *args: Any, **kwargs: Any) -> None:
+        # the moment a connection goes back to the pool: a reuse's idle time counts from here
+        if self._idle_since is None:
+            self._idle_since = weakref.WeakKeyDictionary()
+        try:
+            self._idle_since[protocol] = _now()
+        except TypeError:  # (a protocol that cannot be weakly referenced: no idle time, nothing else lost)
+            pass
+        super()._release(key, protocol, *args, **kwargs)
 
     async def _wait_for_available_connection(self, key: Any, traces: Any) -> None:
         # called only when the pool is full; the whole wait, also when aiohttp queues it again
