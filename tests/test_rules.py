@@ -132,6 +132,68 @@ def test_stalls_that_all_finished_are_server_slow_and_stop_nobody():
     assert v["kind"] == "server_slow" and v["agents_stopped"] == 0
 
 
+def _slot_queue(answering: list[int], stuck_past: int = 0, ok_grows: bool = True, given_up: bool = True) -> RunBuilder:
+    """8 agents on a server of 2 slots: round 1's first two answered, the other six waited for
+    headers (given up after give_up_s, or answered late); one sample a second meanwhile, with
+    `answering[i]` requests past headers (`stuck_past` of them stalled too) and the completed count
+    growing by one a second or not."""
+    run = RunBuilder(agents=8, rounds=3, after_s=5.0)
+    run.ok(0, 1)
+    run.ok(1, 1)
+    for a in range(2, 8):
+        if given_up:
+            run.stalled(a, 1, "ttfb")
+        else:
+            run.ok(a, 1, ttfb_ms=9000, stalled_phase="ttfb")
+    for i, past in enumerate(answering):
+        by = {"1/ttfb": 6}
+        if stuck_past:
+            by["1/stream"] = stuck_past
+        run.sample(inflight={"ttfb": 6, "stream": past}, stalled=6 + stuck_past, stalled_by=by,
+                   counts={"ok": 2 + (i if ok_grows else 0)})
+    return run
+
+
+def test_requests_waiting_for_headers_while_the_server_answers_others_are_a_queue_with_its_size():
+    """Issue 27 case 4: llama-server --parallel 2 with 8 agents was server_stall in one run (queued
+    requests given up) and server_slow in the next: a queue either way, named with its size."""
+    for given_up in (True, False):
+        v = diagnose(_slot_queue([2, 2, 1, 2], given_up=given_up).data())
+        assert (v["kind"], v["phase"], v["first_round"]) == ("server_queue", "ttfb", 1), v
+        assert "the server answered at most 2 request(s) at once" in v["summary"], v["summary"]
+        assert ("6 given up after stall.give_up_s, 6 agent(s) stopped" in v["summary"]) == given_up, v["summary"]
+        assert v["agents_stopped"] == (6 if given_up else 0)
+        ev = "\n".join(v["evidence"])
+        assert "in 4 of 4 one-second sample(s) taken while requests waited for headers past stall.after_s" in ev, ev
+        assert "a queue in front of the server's 2 slot(s), not a hang" in ev, ev
+
+
+def test_requests_waiting_for_headers_while_nothing_else_moves_are_a_stall_not_a_queue():
+    """SIGSTOP, or a server hung with its slots busy: requests past headers are stalled too and
+    nothing completes."""
+    v = diagnose(_slot_queue([0, 0, 0]).data())  # (completions counted: none past headers to serve them)
+    assert v["kind"] == "server_queue", "completions while waiting: still a queue"
+    v = diagnose(_slot_queue([2, 2, 2], stuck_past=2, ok_grows=False).data())
+    assert v["kind"] == "server_stall", v
+    v = diagnose(_slot_queue([0, 0, 0], ok_grows=False).data())
+    assert v["kind"] == "server_stall", v
+    v = diagnose(_slot_queue([], ok_grows=False).data())  # no sample while they waited: not named a queue
+    assert v["kind"] == "server_stall", v
+
+
+def test_the_queue_quotes_llamacpp_busy_slots_and_deferred_requests(tmp_path):
+    run = _slot_queue([2, 2, 2])
+    url = "http://127.0.0.1:9/metrics"
+    run.meta["scenario"]["target"] = {"metrics_urls": [url]}
+    for i, (busy, deferred) in enumerate([(0, 0), (2, 6), (2, 5), (2, 0)]):
+        run.scrape(1.0 + 2 * i, {"llamacpp:requests_processing": busy, "llamacpp:requests_deferred": deferred}, url)
+    v = diagnose(run.write(tmp_path))
+    assert v["kind"] == "server_queue", v
+    ev = "\n".join(v["evidence"])
+    assert (f"engine {url} over 4 scrape(s): llamacpp:requests_processing at most 2 (requests processing (busy slots)), "
+            f"llamacpp:requests_deferred up to 6 (requests deferred (waiting for a free slot))") in ev, ev
+
+
 def test_a_stall_in_pool_wait_alone_is_not_a_server_stall():
     run = healthy_base()
     run.stalled(0, 4, "pool_wait")

@@ -22,7 +22,7 @@ CASES = [
     ("pool-starvation", "client_pool", "pool_wait", 1),
     ("server-errors", "server_errors", "ttfb", 3),
     ("disconnects", "disconnects", "stream", None),
-    ("server-queue", "server_slow", "ttfb", 1),
+    ("server-queue", "server_queue", "ttfb", 1),
     ("server-gives-up", "server_stall", "ttfb", 3),
 ]
 

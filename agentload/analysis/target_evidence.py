@@ -110,7 +110,14 @@ GAUGES = {
     "vllm:num_requests_waiting": ("engine", "waiting requests"),
     "sglang:num_running_reqs": ("engine", "running requests"),
     "sglang:num_queue_reqs": ("engine", "queued requests"),
+    # llama.cpp's llama-server (--metrics): slots busy, and requests waiting for a free slot
+    "llamacpp:requests_processing": ("engine", "requests processing (busy slots)"),
+    "llamacpp:requests_deferred": ("engine", "requests deferred (waiting for a free slot)"),
 }
+# an engine's own count of what it works on and what waits (running, waiting), as the queue rule reads them
+ENGINE_QUEUE = (("llamacpp:requests_processing", "llamacpp:requests_deferred"),
+                ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+                ("sglang:num_running_reqs", "sglang:num_queue_reqs"))
 ROUTER_PER_WORKER = SMG.active  # kept for callers of the first version
 # what a request stalled in a server phase waited for (the phase table's `waiting_for`)
 _WAIT = {ph: f"waited for {what} ({ph})" for ph, what in WAITING_FOR.items()}
@@ -403,6 +410,26 @@ def target_evidence(data: "RunData", stalled: list[Record], tm: TargetMetrics | 
             out.append(f"{who} {url} at {when}, while {k} agent request(s) {what}: {name} = {_fmt(total2)} "
                        f"{label}")
     out.extend(router_evidence(data, stalled, "stall", tm))
+    return out
+
+
+def engine_queue_evidence(tm: TargetMetrics) -> list[str]:
+    """What an engine's own gauges said over the run about its queue: the most requests it worked on
+    at one scrape, and the most it kept waiting (llama.cpp: busy slots and deferred requests)."""
+    out = []
+    if not tm:
+        return out
+    for url in tm.urls:
+        for running, waiting in ENGINE_QUEUE:
+            r, w = tm.family(url, running), tm.family(url, waiting)
+            if not r and not w:
+                continue
+            r_max = max((x.max() for x in r), default=0.0)
+            w_max = max((x.max() for x in w), default=0.0)
+            n = len(tm.scrape_times.get(url) or [])
+            out.append(f"engine {url} over {n} scrape(s): {running} at most {_fmt(r_max)} ({GAUGES[running][1]}), "
+                       f"{waiting} up to {_fmt(w_max)} ({GAUGES[waiting][1]})"
+                       + (": the engine's own count of a queue" if r_max and w_max else ""))
     return out
 
 

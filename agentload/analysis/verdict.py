@@ -34,7 +34,7 @@ from agentload.analysis.passes import one_pass, order_key
 from agentload.analysis.stats import SparseHistogram, band_ranges, fmt_dur as _dur, pct_ms, percentiles_ms, quantile_ms
 from agentload.analysis.tallies import CanaryTally, FirstSeenCounts, ReuseTally, SizeCounts, Spans
 from agentload.analysis.router import MIN_NAMED_BACKENDS, attribute, backend_evidence, router_inflight
-from agentload.analysis.target_evidence import router_evidence, target_evidence
+from agentload.analysis.target_evidence import engine_queue_evidence, router_evidence, target_evidence
 
 if TYPE_CHECKING:
     from agentload.records.rundir import RunData
@@ -49,6 +49,7 @@ class Kind(str, Enum):
     CLIENT_SATURATED = "client_saturated"  # agentload's own event loop lagged: its timings are suspect
     SERVER_STALL = "server_stall"  # requests made no progress past the pool, and did not all finish
     SERVER_SLOW = "server_slow"  # requests made no progress for a while, but all finished
+    SERVER_QUEUE = "server_queue"  # requests waited for headers while the server served at most N others
     CLIENT_POOL = "client_pool"  # time lost waiting for a connection from the client's pool
     CONNECT = "connect"  # connections could not be opened
     DISCONNECTS = "disconnects"  # the other side closed connections, mid-answer or stale keep-alive
@@ -75,6 +76,10 @@ SATURATED_MIN_SAMPLES = 2
 POOL_WAIT_SHARE = 0.2
 POOL_WAIT_MIN_MS = 5.0  # ... and at least this long at p90 (microseconds of queueing explain nothing)
 POOL_WAITED_SHARE = 0.05  # ... and at least this share of requests waited for a connection
+# A server queue: in at least this share of the samples taken while requests waited for headers past
+# stall.after_s, the server was answering others (a request past headers that was not stalled) or
+# completing them (the completed count grew around that sample)
+QUEUE_SERVED_SHARE = 0.8
 # A reused connection closed under its request after sitting idle less than this was not closed by a
 # keep-alive timeout (servers keep idle connections for seconds: uvicorn, llama-server 5 s, nginx 75 s)
 QUICK_CLOSE_MS = 1000.0
@@ -317,8 +322,32 @@ class SampleDigest:
         self.stalled_pool = self.stalled_free = self.stalled_waiters_max = self.leaked = 0
         self.max_lag = 0.0
         self.last_stalled_by: dict[str, int] | None = None
+        # the queue: samples taken while requests waited for headers past stall.after_s, how many of
+        # those found the server serving others, the most requests past headers (answered by the
+        # server) at any sample and at those, and the most waiting for headers at those
+        self.waits = self.waits_served = self.past_headers_max = self.waiting_max = 0
+        self.past_at_waits_max = 0
+        pending: tuple[bool, int | None] | None = None  # the last wait sample: served already?, its ok count
+        prev_ok: int | None = None
         for s in samples:
             self.n += 1
+            inflight = s.get("inflight") or {}
+            past = inflight.get("ttft", 0) + inflight.get("stream", 0)
+            self.past_headers_max = max(self.past_headers_max, past)
+            ok = (s.get("counts") or {}).get("ok")
+            if pending is not None:  # the sample before was a wait: requests completed right after it?
+                self.waits_served += pending[0] or (ok is not None and pending[1] is not None and ok > pending[1])
+                pending = None
+            by = s.get("stalled_by") or {}
+            waiting = sum(n for k, n in by.items() if k.endswith("/ttfb"))
+            if waiting and inflight.get("ttfb", 0):
+                self.waits += 1
+                self.waiting_max = max(self.waiting_max, inflight.get("ttfb", 0))
+                self.past_at_waits_max = max(self.past_at_waits_max, past)
+                stuck_past = sum(n for k, n in by.items() if k.endswith("/ttft") or k.endswith("/stream"))
+                served = past - stuck_past >= 1 or (ok is not None and prev_ok is not None and ok > prev_ok)
+                pending = (served, ok)
+            prev_ok = ok
             lag = s.get("loop_lag_ms", 0.0)
             self.max_lag = max(self.max_lag, lag)
             self.lagged += lag >= SATURATION_LAG_MS
@@ -338,6 +367,14 @@ class SampleDigest:
             if w > 0 and pool.get("in_use", 0) > sum(k for ph, k in (s.get("inflight") or {}).items()
                                                     if ph != "pool_wait"):
                 self.leaked += 1
+        if pending is not None:  # the last sample was a wait
+            self.waits_served += pending[0]
+
+    @property
+    def queue(self) -> bool:
+        """Requests waited for headers past stall.after_s while the server kept answering others:
+        a queue in front of the server's slots, not a hang."""
+        return bool(self.waits) and self.waits_served >= QUEUE_SERVED_SHARE * self.waits
 
 
 def _end_ns(t: dict[str, int]) -> int:
@@ -718,7 +755,18 @@ def rule_server_stall(f: Facts) -> Finding | None:
     theirs = {id(r) for r in behind} | {id(r) for r in behind_timeouts}
     stopped = f.stopped_by(lambda r: r.stalled_phase in SERVER_PHASES or id(r) in theirs)
     thr_text, thr = _threshold_evidence(st, f.fine_prompts, "stalled")
-    if all_finished:
+    sd = f.sample_digest
+    queue = main_phase == "ttfb" and sd.queue
+    if queue:
+        gave = sum(1 for r in st if r.outcome == "stalled")
+        waited = max(((r.t.get("headers") or r.t.get("end") or 0) - r.t.get("sent", 0) for r in st
+                      if r.stalled_phase == "ttfb" and "sent" in r.t), default=0) / 1e9
+        summary = (f"server queue: the server answered at most {sd.past_at_waits_max} request(s) at once and the others "
+                   f"waited for response headers: {len(st)} request(s) of {len(affected)} agents waited over "
+                   f"stall.after_s ({f.after_s:g} s) from round {first_round} on"
+                   + (f", all answered in the end (longest wait {waited:.1f} s)" if all_finished else
+                      f"; {gave} given up after stall.give_up_s, {len(stopped)} agent(s) stopped"))
+    elif all_finished:
         worst = max((phase_ns(r.t, "e2e") or 0) for r in st) / 1e9
         summary = (f"server slow, not hung: {len(st)} request(s) of {len(affected)} agents made no "
                    f"progress in {main_phase} for over stall.after_s from round {first_round} on, but all finished "
@@ -744,10 +792,12 @@ def rule_server_stall(f: Facts) -> Finding | None:
             summary += ", but it queued requests outside the stall too: see client_pool"
         else:
             summary += ", but it queued far more requests than the stalled ones held connections: see client_pool"
-    fnd = Finding(Kind.SERVER_SLOW if all_finished else Kind.SERVER_STALL, summary, main_phase, first_round,
-                  len(affected | queued_agents), len(stopped))
+    kind = Kind.SERVER_QUEUE if queue else Kind.SERVER_SLOW if all_finished else Kind.SERVER_STALL
+    fnd = Finding(kind, summary, main_phase, first_round, len(affected | queued_agents), len(stopped))
     ev = fnd.evidence
     ev.append(f"stalled requests by round and phase: {_fmt_phase_counts(phases)}")
+    if queue:
+        ev.extend(queue_evidence(f))
     ev.extend(f.backend_lines(st, "stalled"))  # the backend(s) behind a router, where records or logs say it
     if thr_text:
         ev.append(thr_text)
@@ -788,6 +838,21 @@ def rule_server_stall(f: Facts) -> Finding | None:
               + (f"; {sum(ended.values())} were ended by the other side ({fmt_counts(ended)})" if ended else ""))
     ev.extend(target_evidence(f.data, st))  # what the router/engine metrics said meanwhile
     return fnd
+
+
+def queue_evidence(f: Facts) -> list[str]:
+    """Why requests that waited for headers are a queue: the samples taken meanwhile, and the
+    engine's own counts (llama.cpp's busy slots and deferred requests) where they were scraped."""
+    sd = f.sample_digest
+    ev = [f"in {sd.waits_served} of {sd.waits} one-second sample(s) taken while requests waited for headers past "
+          f"stall.after_s, the server was answering or completing others (up to {sd.past_at_waits_max} past headers, "
+          f"up to {sd.waiting_max} waiting for headers; at most {sd.past_headers_max} past headers at any sample of "
+          f"the run): a queue in front of the server's {sd.past_at_waits_max} slot(s), not a hang"]
+    ev.extend(engine_queue_evidence(f.data.target_metrics))
+    ev.append("each waiting request holds its connection and waits for a free slot: more slots (llama-server "
+              "--parallel, vLLM --max-num-seqs), fewer agents, or a stall.after_s above the queue's wait if the "
+              "queue is what was meant")
+    return ev
 
 
 @dataclass

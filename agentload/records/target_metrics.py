@@ -35,10 +35,11 @@ CHOSEN = (
     "smg_http_inflight_request_age_count",  # smg: in-flight requests by age bucket (refreshed ~1/min)
     "vllm:num_requests_running", "vllm:num_requests_waiting",  # vLLM engine
     "sglang:num_running_reqs", "sglang:num_queue_reqs",  # SGLang engine
+    "llamacpp:requests_processing", "llamacpp:requests_deferred",  # llama.cpp's llama-server (--metrics)
 )
 # Shown even when they stay 0 the whole run: a zero here is evidence ("router saw nothing").
 ALWAYS = ("smg_worker_requests_active", "smg_admission_inflight", "vllm:num_requests_running",
-          "sglang:num_running_reqs")
+          "sglang:num_running_reqs", "llamacpp:requests_processing")
 
 
 def parse_key(key: str) -> tuple[str, dict[str, str]]:
