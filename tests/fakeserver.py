@@ -11,6 +11,8 @@ It runs in a thread with its own event loop, so both in-process runs (`run_to_di
         run_scenario("demo", tmp_path, [f'target.endpoint="{srv.url}"'])
         srv.requests  # the JSON bodies received, in order
         srv.headers   # their headers, in order
+
+`FakeServer(handler, gets={"/props": props_handler})` serves more GET routes.
         srv.paths     # their paths with query strings, in order
 
 `sse_response(request, events)` writes a text/event-stream body from raw event strings.
@@ -57,9 +59,10 @@ DONE = "data: [DONE]\n\n"
 
 
 class FakeServer:
-    def __init__(self, handler: Handler, path: str = "/v1/chat/completions"):
+    def __init__(self, handler: Handler, path: str = "/v1/chat/completions", gets: dict[str, Handler] | None = None):
         self.handler = handler
         self.path = path
+        self.gets = dict(gets or {})  # more GET routes (path -> handler), e.g. llama.cpp's /props
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.requests: list[dict] = []
@@ -86,6 +89,8 @@ class FakeServer:
         app = web.Application()
         app.router.add_post(self.path, self._record)
         app.router.add_get("/v1/models", self._models)
+        for path, h in self.gets.items():
+            app.router.add_get(path, h)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", self.port)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import orjson
 from aiohttp import web
 
 from agentload.launch import run_to_dir
@@ -106,3 +107,55 @@ def test_a_keepalive_server_reports_its_reuse_rate_and_idle_times(tmp_path):
     conns = res.summary["connections"]
     assert (conns["new"], conns["reused"], conns["failed_reuses"]) == (2, 4, 0), conns
     assert conns["reuse_rate"] == round(4 / 6, 4) and conns["answered_reuse_idle_max_ms"] >= TOOL_S * 1000, conns
+
+
+# ---------------------------------------------------------------- what the server says of itself
+
+
+LLAMA_OVERFLOW = {"error": {"code": 400, "message": "request (900 tokens) exceeds the available context size (512 "
+                                                    "tokens), try increasing it",
+                            "type": "exceed_context_size_error", "n_prompt_tokens": 900, "n_ctx": 512}}
+
+
+def test_a_context_overflow_is_not_retried_and_told_in_the_servers_numbers_with_props(tmp_path):
+    """Issue 27 case 11, as llama-server answers: a 400 with its own prompt count and n_ctx, and
+    /props saying n_ctx is one of two slots' share. error_retries = 2: none is spent on it."""
+    async def overflow_in_round_2(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if len(body["messages"]) > 2:
+            return web.json_response(LLAMA_OVERFLOW, status=400)
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for ev in _answer():
+            await resp.write(ev.encode())
+        await resp.write_eof()
+        return resp
+
+    async def props(request: web.Request) -> web.Response:
+        return web.json_response({"total_slots": 2, "default_generation_settings": {"n_ctx": 512},
+                                  "chat_template_caps": {"supports_tool_calls": True}, "endpoint_metrics": False,
+                                  "model_path": "/secret/path/model.gguf", "chat_template": "{{ x }}"})
+
+    with FakeServer(overflow_in_round_2, gets={"/props": props}) as srv:
+        res = _run(srv.url, tmp_path)
+        posts = len(srv.requests)
+    recs = [r for r in load_records(tmp_path / "records.jsonl").records if r.kind == "agent"]
+    failed = [r for r in recs if r.outcome == "error"]
+    assert len(failed) == 2 and posts == 4, (posts, recs)  # one overflow per agent, not retried
+    assert all(r.round == 2 and r.status == 400 and r.server_prompt_tokens == 900 for r in failed), failed
+    meta = orjson.loads((tmp_path / "run.json").read_bytes())
+    sp = meta["server_props"]
+    assert sp == {"url": srv.url.removesuffix("/v1") + "/props", "total_slots": 2, "n_ctx_per_slot": 512,
+                  "supports_tool_calls": True, "endpoint_metrics": False, "has_tool_template": False}, sp
+    v = res.summary["verdict"]
+    assert (v["kind"], v["first_round"]) == ("server_errors", 2), res.text
+    ev = "\n".join(v["evidence"])
+    assert "the server counted 900 prompt tokens against its n_ctx of 512 (its own numbers" in ev, ev
+    assert "not retried" in ev and "total_slots = 2 split the context (2 x 512 = 1,024 tokens" in ev, ev
+
+
+def test_a_server_without_props_is_recorded_as_such(tmp_path):
+    with FakeServer(close_after_each_answer) as srv:
+        _run(srv.url, tmp_path, "agents.rounds=1", "agents.count=1")
+    sp = orjson.loads((tmp_path / "run.json").read_bytes())["server_props"]
+    assert sp == {"url": srv.url.removesuffix("/v1") + "/props", "error": "HTTP 404"}, sp

@@ -869,3 +869,52 @@ def test_canaries_that_failed_outside_a_stall_are_a_finding_of_their_own():
     v = diagnose(run.data())
     assert kinds(run) == ["server_stall", "canary_failures"]
     assert v["secondary"][0]["summary"].startswith("canaries failed outside the server stall: 1 of 2")
+
+
+def test_a_server_whose_template_cannot_call_tools_is_named_instead_of_a_tool_choice_hint():
+    """Issue 27 case 14: llama.cpp's /props (run.json server_props) says the chat template has no
+    tool calls: the tool_choice already sent cannot help, and the evidence says so."""
+    run = model_run(agents=2)
+    run.meta["scenario"]["conversation"]["tool_choice"] = "required"
+    run.meta["server_props"] = {"url": "http://127.0.0.1:9/props", "total_slots": 1, "supports_tool_calls": False}
+    for a in range(2):
+        no_tool(run, a, 1, finish="stop")
+    v = diagnose(run.data())
+    assert v["kind"] == "no_tool_calls", v
+    ev = "\n".join(v["evidence"])
+    assert "the server cannot call tools: llama.cpp's /props says its chat template does not support tool calls" in ev
+    assert 'conversation.tool_choice = "required" was sent, and no tool_choice changes that' in ev, ev
+    assert "asks the server for a tool call" not in ev, ev
+    run.meta["server_props"]["supports_tool_calls"] = True  # a template that can: the usual hint
+    assert any("asks the server for a tool call" in e for e in diagnose(run.data())["evidence"])
+
+
+# ------------------------------------------------------------------ context overflow in the server's numbers
+
+LLAMA_OVERFLOW = ('{"error":{"code":400,"message":"request (%d tokens) exceeds the available context size (%d '
+                  'tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":%d,"n_ctx":%d}}')
+
+
+def test_a_context_overflow_is_told_in_the_servers_own_numbers_and_the_slot_split():
+    run = healthy_base(agents=2, rounds=2)
+    run.records[:] = [dataclasses.replace(r, server_prompt_tokens=140 + r.round) for r in run.records]
+    for a in range(2):
+        run.error(a, 3, "http_400", prompt_tokens=300, error_msg=LLAMA_OVERFLOW % (560, 512, 560, 512))
+    run.meta["server_props"] = {"url": "http://127.0.0.1:9/props", "total_slots": 2, "n_ctx_per_slot": 512}
+    v = diagnose(run.data())
+    assert (v["kind"], v["first_round"]) == ("server_errors", 3), v
+    ev = "\n".join(v["evidence"])
+    assert ("2 request(s) did not fit the server's context (a context overflow): the server counted 560 prompt tokens "
+            "against its n_ctx of 512 (its own numbers, from its error body); agentload's estimate of those prompts: "
+            "300 tokens; the largest prompt that completed: 142 tokens by the server's count") in ev, ev
+    assert "these requests were not retried" in ev, ev
+    assert ("n_ctx 512 is one slot's share: total_slots = 2 split the context (2 x 512 = 1,024 tokens, llama-server -c "
+            "over --parallel 2)") in ev, ev
+    del run.meta["server_props"]
+    assert "one slot's share" not in "\n".join(diagnose(run.data())["evidence"])
+
+
+def test_an_error_that_is_not_an_overflow_says_nothing_of_context():
+    run = healthy_base()
+    run.error(0, 4, "http_400", error_msg='{"error":{"message":"bad tool schema"}}')
+    assert not any("context" in e for e in diagnose(run.data())["evidence"])

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from agentload.endpoint import api_url, base_path, with_version
 from agentload.records import Record, phase_at, phase_ns
+from agentload.records.overflow import overflow
 from agentload.records.phases import SERVER_PHASES, phase_begin
 from agentload.analysis.passes import one_pass, order_key
 from agentload.analysis.stats import SparseHistogram, band_ranges, fmt_dur as _dur, pct_ms, percentiles_ms, quantile_ms
@@ -209,6 +210,7 @@ class FactsAccumulator:
         self.max_end: int | None = None
         self.backends: set[str] = set()  # backend names the records gave (the first MIN_NAMED_BACKENDS)
         self.conns = ReuseTally()  # agent requests on new and on reused connections
+        self.fine_server_prompt_max: int | None = None  # the largest prompt that completed, by the server's count
         self._closed = False
 
     def add(self, r: Record) -> None:
@@ -272,6 +274,9 @@ class FactsAccumulator:
         if ok and not r.stalled_phase:  # fine
             self.fine += 1
             self.fine_prompts.add(r.prompt_tokens)
+            sp = r.server_prompt_tokens
+            if sp is not None and (self.fine_server_prompt_max is None or sp > self.fine_server_prompt_max):
+                self.fine_server_prompt_max = sp
             if "first_token" in t:
                 self.with_token += 1
                 if "sent" in t:
@@ -1100,6 +1105,7 @@ def rule_server_errors(f: Facts) -> Finding | None:
                          f"server errors: {len(errs)} of {f.requests} requests answered with errors "
                          f"({fmt_counts(Counter(r.error for r in errs))}), first in round {min(by_round)}", "ttfb")
     fnd.evidence.append(f"sample message: {errs[0].error_msg or '(empty body)'}")
+    fnd.evidence.extend(overflow_evidence(f, errs))
     endpoint = str(f.meta.get("endpoint") or "")
     if endpoint and any(r.error == "http_404" for r in errs):
         try:
@@ -1112,6 +1118,45 @@ def rule_server_errors(f: Facts) -> Finding | None:
             if bare else ""))
     fnd.evidence.extend(router_evidence(f.data, errs, "error"))  # the worker, where the router's counters say it
     return fnd
+
+
+def _span(values: list[int]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:,}" if lo == hi else f"{lo:,}-{hi:,}"
+
+
+def overflow_evidence(f: Facts, errs: list[Record]) -> list[str]:
+    """Context overflows in the server's own numbers (its error body: the prompt tokens it counted
+    and its n_ctx), never agentload's estimate alone; with llama.cpp's /props, whether n_ctx is one
+    slot's share of the context (`-c` split over `--parallel` slots)."""
+    ovs = [(r, ov) for r in errs if (ov := overflow(r.status, r.error_msg)) is not None]
+    if not ovs:
+        return []
+    counted = [ov.prompt_tokens if ov.prompt_tokens is not None else r.server_prompt_tokens for r, ov in ovs]
+    counted_known = [c for c in counted if c is not None]
+    ctxs = sorted({ov.n_ctx for _, ov in ovs if ov.n_ctx is not None})
+    line = f"{len(ovs)} request(s) did not fit the server's context (a context overflow"
+    if counted_known and ctxs:
+        line += (f"): the server counted {_span(counted_known)} prompt tokens against its n_ctx of "
+                 f"{', '.join(f'{c:,}' for c in ctxs)} (its own numbers, from its error body)")
+    elif counted_known:
+        line += f"): the server counted {_span(counted_known)} prompt tokens (its error body gives no n_ctx)"
+    else:
+        line += "): the server's error body gives neither its prompt token count nor its n_ctx"
+    line += f"; agentload's estimate of those prompts: {_span([r.prompt_tokens for r, _ in ovs])} tokens"
+    if f.acc.fine_server_prompt_max is not None:
+        line += f"; the largest prompt that completed: {f.acc.fine_server_prompt_max:,} tokens by the server's count"
+    out = [line, "a prompt over the context never fits: these requests were not retried (error_retries not spent)"]
+    props = f.meta.get("server_props") or {}
+    slots, per = props.get("total_slots"), props.get("n_ctx_per_slot")
+    if isinstance(slots, int) and isinstance(per, int) and (not ctxs or per in ctxs):
+        if slots > 1:
+            out.append(f"llama.cpp's /props: n_ctx {per:,} is one slot's share: total_slots = {slots} split the "
+                       f"context ({slots} x {per:,} = {slots * per:,} tokens, llama-server -c over --parallel "
+                       f"{slots}); a request gets one slot's {per:,}: fewer slots or a larger -c let it fit")
+        else:
+            out.append(f"llama.cpp's /props: one slot (total_slots = 1) with n_ctx {per:,}: the whole context")
+    return out
 
 
 def rule_bad_responses(f: Facts) -> Finding | None:
@@ -1183,8 +1228,17 @@ def rule_no_tool_calls(f: Facts) -> Finding | None:
     empty = sum(1 for _, _, tokens in ended.values() if not tokens)
     if empty:
         ev.append(f"{empty} of these answers carried no token at all (an empty answer)")
+    props = f.meta.get("server_props") or {}
     if conv.get("tools") == 0:
         ev.append("the conversation offers no tools (conversation.tools = 0): the model cannot call one")
+    elif props.get("supports_tool_calls") is False:
+        choice = conv.get("tool_choice")
+        ev.append("the server cannot call tools: llama.cpp's /props says its chat template does not support tool "
+                  "calls (chat_template_caps.supports_tool_calls = false)"
+                  + (f"; conversation.tool_choice = \"{choice}\" was sent, and no tool_choice changes that"
+                     if choice is not None else "; no tool_choice changes that")
+                  + ": start llama-server with --jinja and a model (or --chat-template-file) whose template calls "
+                    "tools, or use mode = \"scripted\" to keep the agents going whatever the model says")
     else:
         choice = conv.get("tool_choice")
         ev.append((f"conversation.tool_choice = \"{choice}\" was sent" if choice is not None else

@@ -22,6 +22,7 @@ from agentload.run.context import AgentState
 from agentload.run.conversation import Conversation, agent_rng  # numpy Generator per agent
 from agentload.run.replay import ReplayConversation
 from agentload.records import Record, Trace
+from agentload.records.overflow import overflow
 from agentload.run.request import ConversationBody, Result, Tap, classify_exception, send, sent_request_id
 
 if TYPE_CHECKING:
@@ -58,10 +59,14 @@ def _record(ctx: "RunContext", trace: Trace, result: Result) -> Record:
     fr = cs.finish_reason if cs is not None else None
     fp = cs.fingerprint if cs is not None else None
     details = usage.get("prompt_tokens_details") if usage else None
+    spt = _int_or_none(usage.get("prompt_tokens")) if usage else None
+    if spt is None and outcome == "error":  # a context overflow's body: the server's own count of the prompt
+        ov = overflow(result.status, result.error_msg)
+        spt = ov.prompt_tokens if ov is not None else None
     return Record.from_trace(
         ctx.run_id, trace, outcome=outcome, status=result.status, error=result.error,
         error_msg=result.error_msg,
-        server_prompt_tokens=_int_or_none(usage.get("prompt_tokens")) if usage else None,
+        server_prompt_tokens=spt,
         output_tokens=_int_or_none(usage.get("completion_tokens")) if usage else None,
         finish_reason=fr if isinstance(fr, str) else None,
         tool_calls=cs.tool_call_count if cs is not None else 0,
@@ -244,7 +249,8 @@ async def _conversation(ctx: "RunContext", st: AgentState, conv: Conversation, s
                 st.state = "stalled"
                 return st.state
             errors += 1
-            if errors > sc.agents.error_retries:
+            if errors > sc.agents.error_retries or overflow(rec.status, rec.error_msg) is not None:
+                # (a prompt over the server's context never fits: the same request again cannot succeed)
                 st.state = "error"
                 return st.state
             call += 1

@@ -49,7 +49,7 @@ import orjson
 from agentload import __version__
 from agentload.atomic import write_atomic
 
-from agentload.run import dump
+from agentload.run import dump, server_props
 from agentload.run.agent import attempt, run_agent
 from agentload.run.context import RunContext
 from agentload.run.sampler import Sampler
@@ -418,6 +418,10 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
     loop = asyncio.get_running_loop()
     interrupts = 0
     hard_stop = asyncio.Event()
+    if not embedded_mock and "fleet" not in meta and (worker is None or worker.index == 0) and ctx.shard[0] == 0:
+        # what the server says of itself (llama.cpp's /props: slots, n_ctx per slot, tool calls), bounded
+        meta["server_props"] = await server_props.fetch(base_url, transport.headers, sc.client.connect_timeout_s)
+        _write_json(out_dir / f"run{sfx}.json", meta)
     if on_started is not None:
         on_started(meta)
 
