@@ -918,3 +918,11 @@ def test_an_error_that_is_not_an_overflow_says_nothing_of_context():
     run = healthy_base()
     run.error(0, 4, "http_400", error_msg='{"error":{"message":"bad tool schema"}}')
     assert not any("context" in e for e in diagnose(run.data())["evidence"])
+
+
+def test_the_queue_quotes_llamacpp_slots_from_props_and_asks_for_its_metrics():
+    run = _slot_queue([2, 2, 2])
+    run.meta["server_props"] = {"url": "http://127.0.0.1:9/props", "total_slots": 2, "endpoint_metrics": False}
+    ev = "\n".join(diagnose(run.data())["evidence"])
+    assert "llama.cpp's /props: total_slots = 2 (llama-server --parallel)" in ev, ev
+    assert "start llama-server with --metrics and add it to [target] metrics_urls" in ev, ev

@@ -853,7 +853,17 @@ def queue_evidence(f: Facts) -> list[str]:
           f"stall.after_s, the server was answering or completing others (up to {sd.past_at_waits_max} past headers, "
           f"up to {sd.waiting_max} waiting for headers; at most {sd.past_headers_max} past headers at any sample of "
           f"the run): a queue in front of the server's {sd.past_at_waits_max} slot(s), not a hang"]
-    ev.extend(engine_queue_evidence(f.data.target_metrics))
+    engine = engine_queue_evidence(f.data.target_metrics)
+    ev.extend(engine)
+    props = f.meta.get("server_props") or {}
+    if isinstance(props.get("total_slots"), int):
+        ev.append(f"llama.cpp's /props: total_slots = {props['total_slots']} (llama-server --parallel): the server "
+                  f"works on at most that many requests at once")
+        if not engine:
+            ev.append("its own count of the queue is in llama-server's /metrics (llamacpp:requests_processing, "
+                      "llamacpp:requests_deferred): "
+                      + ("add it to [target] metrics_urls" if props.get("endpoint_metrics") else
+                         "start llama-server with --metrics and add it to [target] metrics_urls"))
     ev.append("each waiting request holds its connection and waits for a free slot: more slots (llama-server "
               "--parallel, vLLM --max-num-seqs), fewer agents, or a stall.after_s above the queue's wait if the "
               "queue is what was meant")
