@@ -160,7 +160,7 @@ def merge_meta(meta: dict[str, Any], metas: list[dict[str, Any] | None], codes: 
                          "max_loop_lag_ms": (m or {}).get("max_loop_lag_ms"), "stop_reason": (m or {}).get("stop_reason")}
                         for w, (m, code) in enumerate(zip(metas, codes))],
     })
-    for key in ("intervals", "target_metrics"):
+    for key in ("intervals", "target_metrics", "server_props"):  # (server_props: worker 0 asks)
         for m in got:
             if key in m and key not in meta:
                 meta[key] = m[key]
