@@ -45,6 +45,17 @@ def test_bench_scale_small(tmp_path):
     assert "timing error p50" in p.stdout
 
 
+def test_bench_proxy_measures_what_the_proxy_adds():
+    p = subprocess.run([sys.executable, "-m", "bench.proxy", "--streams", "4", "--rounds", "3", "--reps", "1",
+                        "--ttft-ms", "5", "--chunks", "4"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "rep 1/1" in p.stderr and "12 requests proxied" in p.stderr
+    row = p.stdout.strip().splitlines()[-1].split()
+    added_p50, added_p99, proxy_cpu, client_cpu, ratio = (float(row[i]) for i in (1, 2, -3, -2, -1))
+    assert 0 <= added_p50 <= added_p99 and proxy_cpu > 0 and client_cpu > 0
+    assert abs(ratio - proxy_cpu / client_cpu) < 0.02 * ratio + 0.01
+
+
 def test_bench_reps_and_another_copy_of_the_code(tmp_path):
     """--reps 2: every client twice, each row one of its runs, with both runs' figures; --code: an
     agentload row from another copy of the package (here a git archive of HEAD), imported from there."""
