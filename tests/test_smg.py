@@ -135,3 +135,29 @@ def test_stall_after_headers_on_one_backend_smg_pings_do_not_hide_it(tmp_path, s
     assert any("': ping'" in e for e in v["evidence"]), v["evidence"]
     summary = orjson.loads((tmp_path / "run" / "summary.json").read_bytes())
     assert summary["verdict"]["kind"] == "server_stall"
+
+
+def test_agentload_proxy_in_front_of_smg_keeps_per_backend_attribution(tmp_path, stack):
+    """A real harness (the openai SDK) -> agentload proxy -> smg -> two mock backends: each recorded
+    request names the backend that answered (smg passes `system_fingerprint` through)."""
+    import asyncio
+
+    from test_proxy import harness, records, start_proxy, stop_proxy
+
+    smg, _ = stack([MockConfig(name="b1", tool_call_rounds=2, **BACKEND),
+                    MockConfig(name="b2", tool_call_rounds=2, **BACKEND)], FLAGS)
+    smg.wait_ready(2, 30)
+    out = tmp_path / "proxy"
+    child, port = start_proxy(smg.url, out)
+    try:
+        async def fleet():
+            return await asyncio.gather(*(harness(port, f"a{i}", 5) for i in range(4)))
+        seen = asyncio.run(fleet())
+    finally:
+        code, text = stop_proxy(child)
+    assert all(len(s) == 3 for s in seen), seen  # tool calls in rounds 1-2, then a plain answer
+    recs = [r for r in records(out) if r["kind"] == "agent"]
+    assert len(recs) == 12 and all(r["outcome"] == "ok" for r in recs)
+    assert {r["backend"] for r in recs} == {"b1", "b2"}
+    assert sorted({(r["agent"], r["round"]) for r in recs}) == [(a, n) for a in range(4) for n in (1, 2, 3)]
+    assert code == 0 and "VERDICT [healthy]" in text, text
