@@ -57,11 +57,13 @@ class RunBuilder:
             call: int = 0, bad_events: int = 0, comments: int = 0, kind: str = "agent",
             finish_reason: str | None = "tool_calls", status: int | None = 200, backend: str | None = None,
             cached_tokens: int | None = None, conversation: int = 0, id_sent: str | None = None,
-            at_ms: float | None = None, held_ms: float | None = None, idle_ms: float | None = None) -> Record:
+            at_ms: float | None = None, held_ms: float | None = None, idle_ms: float | None = None,
+            tool_calls: int | None = None, proxied: bool = False) -> Record:
         """One request whose phases last as given; a None phase (and every one after it) never happened.
         `at_ms`: its start (ms on the records' clock, t0 = 0), else right after the previous one.
         `held_ms`: a request that did not complete ends this long after its last stamp (a hang: the
-        time it held its connection with no progress), else 1 ms after it."""
+        time it held its connection with no progress), else 1 ms after it. `proxied`: a request of
+        `agentload proxy` (the harness's leg: `down_start` 0.1 ms before `start`, `down_end` at `end`)."""
         t: dict[str, int] = {}
         now = self.clock if at_ms is None else int(at_ms * MS)
         t["start"] = now
@@ -81,6 +83,9 @@ class RunBuilder:
             t[key] = now
         t.setdefault("end", now + (int(held_ms * MS) if held_ms is not None else MS))
         self.clock = max(self.clock, t["end"] + MS)
+        if proxied:
+            t["down_start"] = t["start"] - MS // 10
+            t["down_end"] = t["end"]
         extra = {"bad_events": bad_events} if "bad_events" in Record.__dataclass_fields__ else {}
         if backend is not None or cached_tokens is not None or conversation or id_sent is not None:
             extra.update(backend=backend, cached_tokens=cached_tokens, conversation=conversation, id_sent=id_sent)
@@ -92,7 +97,7 @@ class RunBuilder:
                      prompt_tokens=prompt_tokens if prompt_tokens is not None else 100 * rnd,
                      server_prompt_tokens=None, output_tokens=7, status=status, outcome=outcome, error=error,
                      error_msg=error_msg, stalled_phase=stalled_phase, reused=reused, finish_reason=finish_reason,
-                     tool_calls=1 if outcome == "ok" else 0, chunks=5, token_chunks=4 if "first_token" in t else 0,
+                     tool_calls=(1 if outcome == "ok" else 0) if tool_calls is None else tool_calls, chunks=5, token_chunks=4 if "first_token" in t else 0,
                      comments=comments, max_gap_ns=0, max_gap_at=0, t=t, **extra)
         self.records.append(rec)
         return rec

@@ -12,7 +12,7 @@ import re
 from agentload.analysis.verdict import RULES, Facts, FactsAccumulator, Kind, agent_outcomes, diagnose, findings
 
 from helpers import REPO
-from records_factory import RunBuilder
+from records_factory import MS, RunBuilder
 
 
 def healthy_base(agents: int = 4, rounds: int = 3, **kw) -> RunBuilder:
@@ -926,3 +926,58 @@ def test_the_queue_quotes_llamacpp_slots_from_props_and_asks_for_its_metrics():
     ev = "\n".join(diagnose(run.data())["evidence"])
     assert "llama.cpp's /props: total_slots = 2 (llama-server --parallel)" in ev, ev
     assert "start llama-server with --metrics and add it to [target] metrics_urls" in ev, ev
+
+
+# ---------------------------------------------------------------- client_stopped (agentload proxy)
+
+def _proxy_run(gap_ms: float = 200.0, rounds: int = 4) -> RunBuilder:
+    """Three conversations through `agentload proxy`, each answered in every round with a tool call,
+    the harness `gap_ms` between an answer and its next request."""
+    run = RunBuilder(agents=3, rounds=rounds, after_s=1.0)
+    run.meta["proxy"] = {"upstream": "http://127.0.0.1:9/v1", "listen": "127.0.0.1:8080", "session_header": None}
+    return run
+
+
+def _conversation(run: RunBuilder, agent: int, rounds: int, start_ms: float, gap_ms: float,
+                  last_tool_calls: int = 1) -> float:
+    at = start_ms
+    for rnd in range(1, rounds + 1):
+        rec = run.ok(agent, rnd, at_ms=at, proxied=True, tool_calls=last_tool_calls if rnd == rounds else 1)
+        at = rec.t["end"] / 1e6 + gap_ms
+    return at
+
+
+def test_client_stopped_names_the_conversation_the_harness_never_went_on_with():
+    run = _proxy_run()
+    for a in (0, 1):
+        _conversation(run, a, 4, 0, 200, last_tool_calls=0)  # ended: the last answer asked for nothing
+    _conversation(run, 2, 2, 0, 200)  # answered with a tool call in round 2, then silence
+    run.meta["t_end_ns"] = int(10_000 * MS)
+    v = diagnose(run.data())
+    assert v["kind"] == "client_stopped", v
+    assert (v["agents_stopped"], v["first_round"], v["phase"]) == (1, 3, "tool")
+    assert "(2)" in v["summary"] and "conversation 2: round 2 answered" in " ".join(v["evidence"])
+
+
+def test_client_stopped_follows_the_harness_rhythm_and_never_judges_a_run():
+    run = _proxy_run()
+    # slow tool work: 3 s between rounds, always; the proxy stopped 5 s after the last answer
+    end = _conversation(run, 0, 3, 0, 3000)
+    run.meta["t_end_ns"] = int((end - 3000 + 5000) * MS)
+    assert diagnose(run.data())["kind"] == "healthy"
+    # ... 10 s of silence is past 3x its own gap: stopped
+    run.meta["t_end_ns"] = int((end - 3000 + 10_000) * MS)
+    assert diagnose(run.data())["kind"] == "client_stopped"
+    # the same records in a run of agentload's own agents: their rounds end where the scenario says
+    del run.meta["proxy"]
+    assert diagnose(run.data())["kind"] == "healthy"
+
+
+def test_a_stall_at_the_server_is_not_a_client_stop():
+    run = _proxy_run()
+    _conversation(run, 0, 4, 0, 200, last_tool_calls=0)
+    run.ok(1, 1, at_ms=0, proxied=True)
+    run.stalled(1, 2, at_ms=500, proxied=True)  # the harness did send round 2: the server never answered
+    run.meta["t_end_ns"] = int(30_000 * MS)
+    v = diagnose(run.data())
+    assert v["kind"] == "server_stall" and all(s["kind"] != "client_stopped" for s in v["secondary"]), v
