@@ -54,7 +54,7 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
             raise UserError(f"{sc.source}: [fleet] runs in one process: leave out --ray")
     check_secrets(sc)
     prepare_run_dir(run_dir)
-    hint = endpoint_hint(sc.target.endpoint)
+    hint = endpoint_hint(sc.target.endpoint, sc.target.api)
     if hint:
         log(f"agentload: warning: {hint}")
     mock = None
@@ -195,9 +195,9 @@ def prepare_run_dir(run_dir: Path) -> None:
         raise UserError(f"{run_dir}: cannot write the run folder (--out): {e.strerror or e.__class__.__name__}") from e
 
 
-def endpoint_hint(endpoint: str | None) -> str | None:
+def endpoint_hint(endpoint: str | None, api: str = "chat") -> str | None:
     """A warning for an endpoint that is a bare host (requests would go to /chat/completions, not /v1/...)."""
-    return without_version_hint(endpoint) if endpoint else None
+    return without_version_hint(endpoint, api) if endpoint else None
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")

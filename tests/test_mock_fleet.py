@@ -431,9 +431,9 @@ async def test_request_log_one_line_per_request(tmp_path):
     by_id = {r["id"]: r for r in rows}
     assert set(by_id) == {"r-ok", "r-bad", "r-err", "r-gone", "r-drop", own_id}
     keys = {"id", "backend", "recv_ns", "end_ns", "round", "prompt_tokens", "cached_tokens", "status", "outcome",
-            "fault", "stream"}
+            "fault", "stream", "api"}
     for r in rows:
-        assert set(r) == keys and r["backend"] == "b1"
+        assert set(r) == keys and r["backend"] == "b1" and r["api"] == "chat"
         assert t_start <= r["recv_ns"] <= r["end_ns"] <= t_end  # the same clock as the client's
     expect = {  # id: (outcome, status, fault at receipt, stream)
         "r-ok": ("ok", 200, None, True), "r-bad": ("rejected", 400, None, False),

@@ -1,6 +1,7 @@
 """Recorded answers of real servers, replayed through agentload's read path without a network.
 
-Every capture under tests/data/sse/ is the raw body of one streamed chat completion (the bytes
+Every capture under tests/data/sse/ is the raw body of one streamed answer (chat completion, or
+the `api` its table names: messages, responses) (the bytes
 after HTTP's chunked framing, as a server sent them), with one table in
 tests/data/sse/captures.toml saying where it came from and what agentload must find in it. Each
 is fed to the read loop's per-read work (`request.SSEBody`: the SSE decoder, ChatStream, the
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from agentload.records import Trace
+from agentload.run import apis
 from agentload.run.request import SSEBody, _stream_verdict
 
 DIR = Path(__file__).resolve().parent / "data" / "sse"
@@ -41,18 +43,18 @@ def expectations() -> dict:
         return tomllib.load(f)
 
 
-def replay(data: bytes, pieces: list[bytes]) -> dict:
-    """What agentload finds in a body that arrived in these reads."""
+def replay(data: bytes, pieces: list[bytes], api: str = "chat") -> dict:
+    """What agentload finds in a body of `api` (`[target] api`) that arrived in these reads."""
     assert b"".join(pieces) == data
     trace = Trace("agent", 0, 1, 0, "replay", 2, 0, 0)
-    body = SSEBody(trace)
+    body = SSEBody(trace, apis.get(api).Stream)
     for p in pieces:
         body.feed(p)
     cs = body.finish()
     error, msg = _stream_verdict(cs, trace)
     # the read loop's own counts agree with the ChatStream's, and first_token is stamped iff a token came
     assert trace.token_chunks == cs.token_chunks and trace.bad_events == cs.bad_json
-    assert ("first_token" in trace.t) == (cs.token_chunks > 0)
+    assert ("first_token" in trace.t) == (cs.token_chunks > 0) == (trace.first_output is not None)
     return {
         "verdict": error or "ok",
         "message": msg,
@@ -99,7 +101,8 @@ def test_every_capture_has_expectations_and_every_expectation_a_capture():
     assert have, f"no capture under {DIR}"
     assert not want - have, f"captures.toml has tables for missing files: {sorted(want - have)}"
     for name in sorted(have - want):
-        found = replay((DIR / name).read_bytes(), [(DIR / name).read_bytes()])
+        api = "messages" if "messages" in name else "responses" if "responses" in name else "chat"
+        found = replay((DIR / name).read_bytes(), [(DIR / name).read_bytes()], api)
         pytest.fail(f"{name} has no table in {EXPECTED.name}; what agentload finds in it now:\n\n"
                     f"{as_toml(name, found)}\n", pytrace=False)
 
@@ -113,10 +116,11 @@ def test_capture_replays_to_its_expectations_in_any_split(name):
     missing = [k for k in KEYS if k not in exp]
     assert not missing, f"{name}: captures.toml table lacks {missing}"
     data = (DIR / name).read_bytes()
-    first = replay(data, [data])
+    api = exp.get("api", "chat")
+    first = replay(data, [data], api)
     got = {k: first[k] for k in KEYS}
     assert got == {k: exp[k] for k in KEYS}, f"{name}: agentload now finds\n{as_toml(name, first)}"
     if exp.get("message"):
         assert first["message"] == exp["message"], first["message"]
     for pieces in ([data[i:i + 1] for i in range(len(data))], *(splits(data, seed) for seed in range(SPLITS))):
-        assert replay(data, pieces) == first, f"{name}: a split into {len(pieces)} reads changed the result"
+        assert replay(data, pieces, api) == first, f"{name}: a split into {len(pieces)} reads changed the result"

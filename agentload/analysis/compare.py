@@ -327,12 +327,13 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def settings_of(meta: dict[str, Any]) -> dict[str, Any]:
-    """The settings a comparison may vary, flattened: client.*, stall.*, canary.*, target.endpoint."""
+    """The settings a comparison may vary, flattened: client.*, stall.*, canary.*, target.endpoint, target.api."""
     sc = meta.get("scenario") or {}
     out: dict[str, Any] = {}
     for sec in (*SETTING_SECTIONS, "canary"):
         out.update(_flat(sc.get(sec) or {}, sec))
     out["target.endpoint"] = "embedded mock" if meta.get("embedded_mock") else meta.get("endpoint")
+    out["target.api"] = meta.get("api") or (sc.get("target") or {}).get("api") or "chat"
     # a router soak (run.json has a fleet): the router's settings, the scenario's [router], else what
     # the fleet says
     fleet = meta.get("fleet")

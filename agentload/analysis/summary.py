@@ -89,6 +89,7 @@ def run_section(data: RunData, sp: SummaryPass) -> dict[str, Any]:
         "endpoint": m.get("endpoint"),
         "embedded_mock": m.get("embedded_mock", False),
         "model": sc.get("target", {}).get("model"),
+        "api": m.get("api") or sc.get("target", {}).get("api") or "chat",
         "started_unix": m.get("t0_unix"),
         "duration_s": dur,
         "ended_normally": bool(m.get("ended_normally")),

@@ -94,7 +94,8 @@ DISCONNECT_ERRORS = {"ServerDisconnectedError", "ClientOSError", "ClientPayloadE
                      "ClientConnectionResetError", "incomplete_stream", "ConnectionResetError"}
 CONNECT_ERRORS = {"connect_timeout", "ClientConnectorError", "ClientConnectorDNSError", "ConnectionRefusedError"}
 # answers that came back but were not what the protocol says (see agentload.run.request)
-PROTOCOL_ERRORS = {"not_a_stream", "bad_response", "malformed_stream", "empty_stream", "no_finish_reason"}
+PROTOCOL_ERRORS = {"not_a_stream", "bad_response", "malformed_stream", "empty_stream", "no_finish_reason",
+                   "bad_tool_call"}
 
 
 def is_server_error(error: str | None) -> bool:
@@ -1117,14 +1118,15 @@ def rule_server_errors(f: Facts) -> Finding | None:
     fnd.evidence.append(f"sample message: {errs[0].error_msg or '(empty body)'}")
     fnd.evidence.extend(overflow_evidence(f, errs))
     endpoint = str(f.meta.get("endpoint") or "")
+    api = str(f.meta.get("api") or "chat")
     if endpoint and any(r.error == "http_404" for r in errs):
         try:
-            url, bare = api_url(endpoint), not base_path(endpoint)
-        except ValueError:
+            url, bare = api_url(endpoint, api), not base_path(endpoint, api)
+        except (ValueError, KeyError):
             url, bare = endpoint, False
         fnd.evidence.append(f"HTTP 404 from {url}: the server has no such path" + (
             f"; the endpoint has no path such as /v1, and OpenAI-compatible servers serve "
-            f"{with_version(endpoint)} (try --endpoint {with_version(endpoint, full=False)})"
+            f"{with_version(endpoint, api)} (try --endpoint {with_version(endpoint, api, full=False)})"
             if bare else ""))
     fnd.evidence.extend(router_evidence(f.data, errs, "error"))  # the worker, where the router's counters say it
     return fnd

@@ -57,7 +57,7 @@ read, as x-mock-recv-ns) and end_ns (perf_counter_ns: CLOCK_MONOTONIC, comparabl
 stamps on the same host), round, prompt_tokens, cached_tokens (null: no cache, or not admitted),
 status (null if no status line was sent), outcome (ok; error: an injected error status; rejected:
 a 400; client_gone; dropped; cut: closed by the server after hang_s), fault (the live fault at
-receipt), stream.
+receipt), stream, api (chat, messages or responses: the route).
 
 Counters are served at GET /mock/stats (and zeroed by POST /mock/reset, which keeps the prefix
 cache's contents and the live fault) so tests can assert on what the server really did.
@@ -79,6 +79,7 @@ import orjson
 from aiohttp import web
 
 from agentload.errors import ScenarioError, UserError
+from agentload.mock import apis
 from agentload.mock.config import DEFAULT_KEEPALIVE_S, LiveFault, MockConfig
 from agentload.tokens import _WORDS, message_tokens, prompt_tokens, text_tokens
 from agentload.validate import At, build
@@ -243,9 +244,10 @@ class PrefixCache:
 class Rec:
     """What the request log says of one chat request; filled in as the request goes."""
 
-    __slots__ = ("recv_ns", "fault", "rid", "round", "ptoks", "cached", "status", "outcome", "stream")
+    __slots__ = ("recv_ns", "fault", "rid", "round", "ptoks", "cached", "status", "outcome", "stream", "api")
 
-    def __init__(self, recv_ns: int, fault: str | None):
+    def __init__(self, recv_ns: int, fault: str | None, api: str = "chat"):
+        self.api = api
         self.recv_ns = recv_ns
         self.fault = fault
         self.rid: str | None = None
@@ -470,6 +472,7 @@ class MockServer:
         self._ids = 0
         self._id_prefix = os.urandom(4).hex()
         self.cache = PrefixCache(cfg.prefix_cache_tokens, cfg.prefix_block_tokens) if cfg.prefix_cache_tokens else None
+        self.store = apis.ResponseStore()  # Responses answers kept for previous_response_id
         self._fingerprint = b',"system_fingerprint":' + _dumps(cfg.name)  # goes into every chunk's head
         self._log_fd: int | None = None
         # the live fault (POST /mock/fault)
@@ -489,13 +492,15 @@ class MockServer:
 
     def _error(self, status: int, message: str, headers: dict[str, str], rec: Rec,
                etype: str | None = None) -> web.Response:
+        """An error answer, in the shape of the request's API (`rec.api`)."""
         self.stats.by_status[status] += 1
         rec.status = status
         rec.outcome = "rejected" if status == 400 else "error"
         etype = etype or {400: "invalid_request_error", 429: "rate_limit_exceeded"}.get(status, "server_error")
         if status in (429, 503):
             headers = {**headers, "Retry-After": "1"}
-        body = _dumps({"error": {"message": message, "type": etype, "param": None, "code": status}})
+        body = (_dumps({"error": {"message": message, "type": etype, "param": None, "code": status}})
+                if rec.api == "chat" else apis.error_body(rec.api, status, message, etype))
         return web.Response(status=status, body=body, headers=headers, content_type="application/json")
 
     @staticmethod
@@ -620,7 +625,7 @@ class MockServer:
         line = _dumps({"id": rec.rid, "backend": self.cfg.name, "recv_ns": rec.recv_ns, "end_ns": _perf_ns(),
                        "round": rec.round, "prompt_tokens": rec.ptoks, "cached_tokens": rec.cached,
                        "status": rec.status, "outcome": rec.outcome or "error", "fault": rec.fault,
-                       "stream": rec.stream}, option=orjson.OPT_APPEND_NEWLINE)
+                       "stream": rec.stream, "api": rec.api}, option=orjson.OPT_APPEND_NEWLINE)
         try:
             os.write(self._log_fd, line)  # one write on O_APPEND: lines never interleave or tear
         except OSError:
@@ -666,8 +671,17 @@ class MockServer:
         return web.Response(body=_dumps(self.fault_state()), content_type="application/json")
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._entry(request, "chat")
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._entry(request, "messages")
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._entry(request, "responses")
+
+    async def _entry(self, request: web.Request, api: str) -> web.StreamResponse:
         raw = await request.read()
-        rec = Rec(_perf_ns(), self.fault)
+        rec = Rec(_perf_ns(), self.fault, api)
         try:
             return await self._chat(request, raw, rec)
         except asyncio.CancelledError:
@@ -694,6 +708,12 @@ class MockServer:
         if not isinstance(body, dict):
             return self._error(400, "request body is not a JSON object", headers, rec)
         rec.stream = bool(body.get("stream"))
+        orig = body
+        if rec.api != "chat":  # read into chat's form: everything below is the chat route's (mock/apis.py)
+            try:
+                body = apis.from_messages(body) if rec.api == "messages" else apis.from_responses(body, self.store)
+            except apis.BadRequest as e:
+                return self._error(400, str(e), headers, rec)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             return self._error(400, "'messages' must be a non-empty list of objects", headers, rec)
@@ -735,7 +755,7 @@ class MockServer:
         if st.in_flight > st.max_in_flight:
             st.max_in_flight = st.in_flight
         try:
-            return await self._serve(request, body, rid, round_, ptoks, headers, rec)
+            return await self._serve(request, body, rid, round_, ptoks, headers, rec, orig)
         except asyncio.CancelledError:
             st.client_gone += 1  # handler_cancellation: the client closed the connection
             raise
@@ -749,7 +769,7 @@ class MockServer:
                 self.sem.release()
 
     async def _serve(self, request: web.Request, body: dict[str, Any], rid: str, round_: int,
-                     ptoks: int, headers: dict[str, str], rec: Rec) -> web.StreamResponse:
+                     ptoks: int, headers: dict[str, str], rec: Rec, orig: dict[str, Any]) -> web.StreamResponse:
         cfg, st = self.cfg, self.stats
         loop = asyncio.get_running_loop()
 
@@ -767,10 +787,11 @@ class MockServer:
         base = self._paused_s  # hangs from here on shift this request's schedule
 
         stream = bool(body.get("stream"))
+        api = rec.api
         rng = random.Random((cfg.seed << 32) ^ zlib.crc32(rid.encode()))
-        plan = plan_answer(cfg, body, round_, rng, stream)
+        plan = plan_answer(cfg, body, round_, rng, stream and api == "chat")  # (chat's chunks: chat's only)
         model = body.get("model") if isinstance(body.get("model"), str) else cfg.models[0]
-        cid = f"chatcmpl-{self._id_prefix}{self._ids:08x}"
+        cid = f"chatcmpl-{self._id_prefix}{self._ids:08x}" if api == "chat" else f"resp_{self._id_prefix}{self._ids:08x}"
         created = int(time.time())
         cached = 0
         if self.cache is not None:
@@ -792,22 +813,20 @@ class MockServer:
 
         if not stream:
             return await self._unary(request, plan, headers, cid, created, model, usage, admitted + ttft, base,
-                                     stall_after_headers, mid, drop, rec)
+                                     stall_after_headers, mid, drop, rec, body, orig)
 
         resp = web.StreamResponse(status=200, headers={**headers, **SSE_HEADERS})
         await resp.prepare(request)
         st.by_status[200] += 1
         rec.status = 200
 
-        sglang = cfg.style == "sglang"
-        # Everything of a chunk but its delta and finish_reason, encoded once per request.
-        head = b'data: {"id":"' + cid.encode() + b'","object":"chat.completion.chunk","created":' + str(created).encode() \
-            + b',"model":' + _dumps(model) + self._fingerprint + b',"choices":[{"index":0,"delta":'
-        tail = b',"logprobs":null,"finish_reason":null' + (b',"matched_stop":null}]' if sglang else b"}]")
-        tail += b',"usage":null}\n\n' if sglang else b"}\n\n"
-        role = b'{"role":"assistant","content":"","reasoning_content":null,"tool_calls":null}' if sglang \
-            else b'{"role":"assistant","content":""}'
-        await resp.write(head + role + tail)
+        if api == "chat":
+            frames = self._chat_frames(plan, body, cid, created, model, usage)
+        elif api == "messages":
+            frames = apis.messages_frames(plan, model, cfg.name, usage, cfg.chunk_tokens)
+        else:
+            frames = apis.responses_frames(plan, cid, created, model, cfg.name, usage, cfg.chunk_tokens, orig)
+        await resp.write(frames.open)
 
         if stall_after_headers:
             st.stalled += 1
@@ -816,20 +835,8 @@ class MockServer:
             rec.outcome = "cut"
             return self._cut(request)
 
-        deltas, toks = plan.deltas, plan.tokens
-        n = len(deltas)
-        finish = b',"logprobs":null,"finish_reason":"' + plan.finish.encode() + b'"'
-        finish += b',"matched_stop":null}]' if sglang else b"}]"
-        finish += b',"usage":null}\n\n' if sglang else b"}\n\n"
-        if sglang or n == 0:
-            # SGLang puts finish_reason in a chunk of its own; with no tokens vLLM does too.
-            last = None
-            end_chunk = head + (
-                b'{"role":null,"content":null,"reasoning_content":null,"tool_calls":null}' if sglang
-                else b'{"content":""}') + finish
-        else:
-            last = n - 1
-            end_chunk = b""
+        chunks, toks = frames.chunks, frames.toks
+        n = len(chunks)
         drop_at = (max(1, n // 2) if n else 0) if drop else -1
         rate = cfg.decode_tokens_per_s
         batch = rate == 0  # no pacing: coalesce writes between stall/drop points
@@ -854,10 +861,12 @@ class MockServer:
                 st.dropped += 1
                 rec.outcome = "dropped"
                 return self._cut(request, abort=True)
-            chunk = head + deltas[i] + (finish if i == last else tail)
+            chunk = chunks[i]
             if i == 0:
-                # stamped just before the write, for the timing-accuracy benchmark
-                await resp.write(b'data: {"mock_sent_ns":' + str(_perf_ns()).encode() + b"," + chunk[7:])
+                # stamped just before the write, for the timing-accuracy benchmark (in the chunk's last
+                # event: the one that carries its token)
+                at = chunk.rfind(b"data: {") + 7
+                await resp.write(chunk[:at] + b'"mock_sent_ns":' + str(_perf_ns()).encode() + b"," + chunk[at:])
             elif batch:
                 pending.append(chunk)
             else:
@@ -873,22 +882,61 @@ class MockServer:
             st.dropped += 1
             rec.outcome = "dropped"
             return self._cut(request, abort=True)
-        pending.append(end_chunk)
-        opts = body.get("stream_options")
-        if isinstance(opts, dict) and opts.get("include_usage"):
-            pending.append(b'data: {"id":"' + cid.encode() + b'","object":"chat.completion.chunk","created":'
-                           + str(created).encode() + b',"model":' + _dumps(model) + self._fingerprint
-                           + b',"choices":[],"usage":' + _dumps(usage) + b"}\n\n")
-        pending.append(DONE)
+        pending.append(frames.close)
         await resp.write(b"".join(pending))
         await resp.write_eof()
         st.completed += 1
         rec.outcome = "ok"
+        if api == "responses":
+            self._store(orig, cid, body, plan)
         return resp
+
+    def _store(self, orig: dict[str, Any], rid: str, body: dict[str, Any], plan: Plan) -> None:
+        """A Responses answer that completed, kept for `previous_response_id` (store: true, the API's default)."""
+        if orig.get("store", True) and plan.finish != "length":
+            self.store.put(rid, [*body["messages"], plan.message])
+
+    def _chat_frames(self, plan: Plan, body: dict[str, Any], cid: str, created: int, model: str,
+                     usage: dict[str, Any]) -> apis.Frames:
+        """The chat answer's chunks: the role chunk first, one per token chunk, then finish, usage, [DONE]."""
+        sglang = self.cfg.style == "sglang"
+        # Everything of a chunk but its delta and finish_reason, encoded once per request.
+        head = b'data: {"id":"' + cid.encode() + b'","object":"chat.completion.chunk","created":' + str(created).encode() \
+            + b',"model":' + _dumps(model) + self._fingerprint + b',"choices":[{"index":0,"delta":'
+        tail = b',"logprobs":null,"finish_reason":null' + (b',"matched_stop":null}]' if sglang else b"}]")
+        tail += b',"usage":null}\n\n' if sglang else b"}\n\n"
+        role = b'{"role":"assistant","content":"","reasoning_content":null,"tool_calls":null}' if sglang \
+            else b'{"role":"assistant","content":""}'
+        f = apis.Frames()
+        f.open = head + role + tail
+        deltas = plan.deltas
+        n = len(deltas)
+        finish = b',"logprobs":null,"finish_reason":"' + plan.finish.encode() + b'"'
+        finish += b',"matched_stop":null}]' if sglang else b"}]"
+        finish += b',"usage":null}\n\n' if sglang else b"}\n\n"
+        if sglang or n == 0:
+            # SGLang puts finish_reason in a chunk of its own; with no tokens vLLM does too.
+            f.chunks = [head + d + tail for d in deltas]
+            end = [head + (b'{"role":null,"content":null,"reasoning_content":null,"tool_calls":null}' if sglang
+                           else b'{"content":""}') + finish]
+        else:
+            f.chunks = [head + d + tail for d in deltas[:-1]]
+            f.chunks.append(head + deltas[-1] + finish)
+            end = []
+        f.toks = plan.tokens
+        opts = body.get("stream_options")
+        if isinstance(opts, dict) and opts.get("include_usage"):
+            end.append(b'data: {"id":"' + cid.encode() + b'","object":"chat.completion.chunk","created":'
+                       + str(created).encode() + b',"model":' + _dumps(model) + self._fingerprint
+                       + b',"choices":[],"usage":' + _dumps(usage) + b"}\n\n")
+        end.append(DONE)
+        f.close = b"".join(end)
+        return f
 
     async def _unary(self, request: web.Request, plan: Plan, headers: dict[str, str], cid: str, created: int,
                      model: str, usage: dict[str, Any], first_token_at: float, base: float,
-                     stall_after_headers: bool, mid: Any, drop: bool, rec: Rec) -> web.StreamResponse:
+                     stall_after_headers: bool, mid: Any, drop: bool, rec: Rec, body: dict[str, Any],
+                     orig: dict[str, Any]) -> web.StreamResponse:
         cfg, st = self.cfg, self.stats
         if stall_after_headers:
             resp = web.StreamResponse(status=200, headers=headers)
@@ -908,10 +956,16 @@ class MockServer:
             st.stalled += 1
             done_at += mid.for_s
         await self._pace(done_at, base)
-        out = {"id": cid, "object": "chat.completion", "created": created, "model": model,
-               "system_fingerprint": cfg.name,
-               "choices": [{"index": 0, "message": plan.message, "logprobs": None, "finish_reason": plan.finish}],
-               "usage": usage, "mock_sent_ns": _perf_ns()}
+        if rec.api == "messages":
+            out = apis.messages_unary(plan, model, cfg.name, usage)
+        elif rec.api == "responses":
+            out = apis.responses_unary(plan, cid, created, model, cfg.name, usage, orig)
+        else:
+            out = {"id": cid, "object": "chat.completion", "created": created, "model": model,
+                   "system_fingerprint": cfg.name,
+                   "choices": [{"index": 0, "message": plan.message, "logprobs": None, "finish_reason": plan.finish}],
+                   "usage": usage}
+        out["mock_sent_ns"] = _perf_ns()
         payload = _dumps(out)
         if drop or self.fault == "drop":
             resp = web.StreamResponse(status=200, headers=headers)
@@ -928,6 +982,8 @@ class MockServer:
         st.completed += 1
         rec.status = 200
         rec.outcome = "ok"
+        if rec.api == "responses":
+            self._store(orig, cid, body, plan)
         return web.Response(body=payload, headers=headers, content_type="application/json")
 
 
@@ -943,6 +999,8 @@ def make_app(cfg: MockConfig) -> web.Application:
     app.on_startup.append(server.open_log)
     app.on_cleanup.append(server.close_log)
     app.router.add_post("/v1/chat/completions", server.chat)
+    app.router.add_post("/v1/messages", server.messages)
+    app.router.add_post("/v1/responses", server.responses)
     app.router.add_get("/v1/models", server.models)
     app.router.add_get("/health", server.health)
     app.router.add_get("/mock/stats", server.stats_view)

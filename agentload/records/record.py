@@ -32,7 +32,8 @@ class Trace:
     __slots__ = ("kind", "agent", "round", "call", "request_id", "messages", "prompt_bytes",
                  "prompt_tokens", "t", "reused", "chunks", "token_chunks", "comments", "last_token",
                  "max_gap", "max_gap_at", "stalled_phase", "stalled_at", "gave_up", "timeout_cm",
-                 "bytes_in", "server_first_token_ns", "bad_events", "id_sent", "conversation", "body", "idle_ns")
+                 "bytes_in", "server_first_token_ns", "bad_events", "id_sent", "conversation", "body", "idle_ns",
+                 "first_output")
 
     def __init__(self, kind: str, agent: int, round_: int, call: int, request_id: str,
                  messages: int, prompt_bytes: int, prompt_tokens: int, intended: int | None = None,
@@ -66,6 +67,7 @@ class Trace:
         self.id_sent: str | None = None  # the request id header's value, if one was sent
         self.body: Any = None  # the request's body while it connects (the transport may park it)
         self.idle_ns: int | None = None  # a reused connection: how long it sat idle in the pool before this request
+        self.first_output: str | None = None  # what the first token was: text, tool or reasoning
 
     def phase(self) -> str:
         """The phase the request is in now."""
@@ -136,6 +138,9 @@ class Record:
     # A reuse that failed before any answer is judged by it: a few milliseconds is a server that
     # closes after each answer, seconds past what worked is a keep-alive timeout.
     idle_ns: int | None = None
+    # What the first output was (the one that stamped first_token): "text", "tool" (a tool call's name
+    # or arguments) or "reasoning" (thinking); None: no output came.
+    first_output: str | None = None
 
     @classmethod
     def from_trace(cls, run: str, tr: Trace, *, outcome: str, status: int | None = None,
@@ -149,7 +154,7 @@ class Record:
                      output_tokens, status, outcome, error, error_msg, tr.stalled_phase, tr.reused,
                      finish_reason, tool_calls, tr.chunks, tr.token_chunks, tr.comments,
                      tr.max_gap, tr.max_gap_at, dict(tr.t), tr.server_first_token_ns, tr.bad_events,
-                     tr.id_sent, backend, cached_tokens, tr.conversation, None, tr.idle_ns)
+                     tr.id_sent, backend, cached_tokens, tr.conversation, None, tr.idle_ns, tr.first_output)
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
@@ -185,7 +190,7 @@ def _builder() -> Any:
 
 _build = _builder()
 _OPTIONAL = frozenset({"server_first_token_ns", "bad_events", "id_sent", "backend", "cached_tokens",
-                       "conversation", "shard", "idle_ns"})
+                       "conversation", "shard", "idle_ns", "first_output"})
 
 
 class RecordWriter:

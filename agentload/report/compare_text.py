@@ -49,7 +49,8 @@ def render_text(doc: dict[str, Any], width: int = 120, color: bool = False) -> s
               f"({len(doc['variants'])} runs)")
     con.print("same in every run: client: " + (_common_line(doc["common"], "client") or "-"), soft_wrap=True)
     con.print("                   stall: " + (_common_line(doc["common"], "stall") or "-") +
-              f"   target: {doc['common'].get('target.endpoint', 'varied')}", soft_wrap=True)
+              f"   target: {doc['common'].get('target.endpoint', 'varied')}"
+              f"   api: {doc['common'].get('target.api', 'varied')}", soft_wrap=True)
     table = Table(show_edge=False, pad_edge=False, header_style="bold")
     table.add_column("", justify="left", no_wrap=True)
     for var in doc["variants"]:

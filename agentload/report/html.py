@@ -432,6 +432,7 @@ def settings_html(data: RunData, summary: dict[str, Any]) -> str:
         "target endpoint": run.get("endpoint") + (" (embedded mock)" if run.get("embedded_mock") else "")
         if run.get("endpoint") else None,
         "model": tgt.get("model"),
+        "api": run.get("api", "chat"),
         "started (unix)": run.get("started_unix"),
         "duration s": run.get("duration_s"),
         "ended": "normally" if run.get("ended_normally") and not run.get("cut_short")

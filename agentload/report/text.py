@@ -49,7 +49,7 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
     else:
         con.print(f"run {run['id']}  scenario {run['scenario']}  {run.get('duration_s')} s  {state}", markup=False)
         con.print(f"target {run['endpoint']}{' (embedded mock)' if run.get('embedded_mock') else ''}  "
-                  f"model {run.get('model')}", markup=False)
+                  f"model {run.get('model')}  api {run.get('api', 'chat')}", markup=False)
     con.print(f"{'conversations' if proxy else 'agents'} {tot['agents']}  requests {tot['requests']}  completed {tot['completed']}  "
               f"errors {tot['errors']}  stalled {tot['stalled']} (given up {tot.get('given_up', 0)})  "
               f"cut short {tot['cut_short']}  "

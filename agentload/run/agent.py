@@ -123,7 +123,7 @@ async def attempt(ctx: "RunContext", session, trace: Trace, body: "bytes | Conve
     try:
         trace.timeout_cm = _GiveUp(task)
         result = await send(session, url or ctx.url, body, trace, extra_headers=headers, id_header=id_header,
-                            tap=tap)
+                            tap=tap, stream_cls=ctx.stream_cls)
     except TimeoutError as e:
         caught = e
         if trace.gave_up:
@@ -195,9 +195,9 @@ async def run_agent(ctx: "RunContext", agent: int, intended_start: int | None = 
             if k and (ctx.stopping or not sc.agents.restart):
                 break
             plans = ctx.replay_plans
-            conv = (Conversation(conv_cfg, sc.target.model, rng, agent, ctx.tools) if plans is None else
-                    ReplayConversation(conv_cfg, sc.target.model, rng, agent, ctx.tools,
-                                       plans[agent % len(plans)], sc.replay.speed))
+            conv = (Conversation(conv_cfg, sc.target.model, rng, agent, ctx.tools, sc.target.api) if plans is None
+                    else ReplayConversation(conv_cfg, sc.target.model, rng, agent, ctx.tools,
+                                            plans[agent % len(plans)], sc.replay.speed, sc.target.api))
             if await _conversation(ctx, st, conv, session, k, intended) != "done":
                 return st
             intended = None
@@ -266,9 +266,12 @@ async def _conversation(ctx: "RunContext", st: AgentState, conv: Conversation, s
             if not assistant.get("tool_calls"):
                 conv.append(assistant)
                 return "done"
+            conv.append(assistant)
+            if conv_cfg.responses_chain:  # the server keeps the context: the next request sends what is new
+                conv.chain(res.stream.id if type(res.stream.id) is str and res.stream.id else None)
         else:
             assistant = conv.scripted_assistant(rnd)
-        conv.append(assistant)
+            conv.append(assistant)
         if rnd == sc.agents.rounds or rnd == conv.last_round:
             break
         # nothing of this request is needed in the tool time: let it go (10,000 sleeping agents)

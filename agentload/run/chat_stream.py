@@ -132,6 +132,7 @@ class ChatStream:
         "no_choices",
         "not_completion",
         "first_token_payload",
+        "first_kind",
         "_content",
         "_calls",
         "_last_index",
@@ -156,6 +157,7 @@ class ChatStream:
         self.no_choices = 0  # JSON objects without choices (usage-only chunks, errors, other)
         self.not_completion: str | None = None  # from_response: why the body is not a chat.completion
         self.first_token_payload: bytes | None = None  # the first chunk that carried a token
+        self.first_kind: str | None = None  # what that first output was: text, tool or reasoning (`_first_kind`)
         self._content: list[str] = []
         # index -> [id, type, name, [argument fragments]]
         self._calls: dict[int, list] = {}
@@ -244,6 +246,7 @@ class ChatStream:
             self._calls[call][3].extend(texts)
         if self.token_chunks == 0 and self.first_token_payload is None:
             self.first_token_payload = payloads[next(i for i, t in enumerate(texts) if t)]
+            self.first_kind = "text" if call is None else "tool"
         self.token_chunks += tokens
         return TOKEN
 
@@ -345,7 +348,17 @@ class ChatStream:
             self.token_chunks += 1
             if self.token_chunks == 1 and self.first_token_payload is None:
                 self.first_token_payload = payload
+                self.first_kind = self._first_kind()
         return flags
+
+    def _first_kind(self) -> str:
+        """What the first output was (called once, when it came): text if any content came with it,
+        else a tool call if one has a name or arguments, else reasoning."""
+        if self._content:
+            return "text"
+        if any(c[2] or c[3] for c in self._calls.values()):
+            return "tool"
+        return "reasoning"
 
     def _learn_call(self, payload: bytes, frag: Any) -> None:
         """A chunk that was one tool call's arguments fragment and nothing else: its shape."""
@@ -518,6 +531,7 @@ class ChatStream:
                 self._bad(body)
         if token:
             self.token_chunks = 1
+            self.first_kind = self._first_kind()
         return self
 
     # ------------------------------------------------------------------ results

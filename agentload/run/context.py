@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from agentload import redact
+from agentload.run import apis
 from agentload.records import Record, RecordWriter, Trace
 from agentload.run.snapshot import LoopLag, SnapshotFeed
 
@@ -97,6 +98,12 @@ class RunContext:
     on_crash: Callable[[], None] | None = None  # rewrites run.json (set by execute)
     snapshots: SnapshotFeed = field(default_factory=SnapshotFeed)  # the watchdog's one snapshot per tick
     loop_lag: LoopLag = field(default_factory=LoopLag)  # measured by the "lag" job
+    # the reader of one answer in the scenario's API (`target.api`: apis.<api>.Stream)
+    stream_cls: Any = None
+
+    def __post_init__(self) -> None:
+        if self.stream_cls is None:
+            self.stream_cls = apis.get(self.scenario.target.api).Stream
 
     def record_crash(self, where: str, exc: BaseException, *, agent: int | None = None,
                      round: int | None = None, **extra: Any) -> None:

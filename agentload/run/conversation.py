@@ -26,6 +26,8 @@ import numpy as np
 import numpy.random  # noqa: F401  numpy loads it lazily: at import here, not inside the first agent's first step (5-10 ms)
 import orjson
 
+from agentload.run import apis
+from agentload.run.apis import chat as _chat
 from agentload.run.chat_stream import assistant_turn
 from agentload.run.scenario import ConversationConfig
 from agentload.tokens import _WORDS, message_tokens, text_tokens
@@ -104,22 +106,16 @@ def tool_schemas(n: int) -> list[dict[str, Any]]:
 _HEADS: dict[tuple, tuple[bytes, int]] = {}  # the body prefix and the tools' tokens, per settings
 
 
-def _head(cfg: ConversationConfig, model: str, tools: list[dict[str, Any]]) -> tuple[bytes, int]:
-    """'{...,"messages":[' (everything but the messages, serialised once) and the tools' token
-    count: one bytes object for every conversation with the same settings and tools."""
-    key = (model, cfg.max_tokens, cfg.stream, cfg.include_usage, orjson.dumps(cfg.tool_choice_json()),
-           orjson.dumps(tools) if tools else b"")
+def _head(cfg: ConversationConfig, model: str, tools: list[dict[str, Any]], api: Any = _chat) -> tuple[bytes, int]:
+    """'{...' (every field but the system prompt and the messages, serialised once; the API's own
+    shape, `apis`) and the tools' token count: one bytes object for every conversation with the
+    same settings and tools. The tokens are counted on chat's form whatever the API (one estimate,
+    the mock's too)."""
+    key = (api.NAME, model, cfg.max_tokens, cfg.stream, cfg.include_usage, orjson.dumps(cfg.tool_choice_json()),
+           orjson.dumps(tools) if tools else b"", cfg.responses_chain)
     got = _HEADS.get(key)
     if got is None:
-        body: dict[str, Any] = {"model": model, "max_tokens": cfg.max_tokens, "stream": cfg.stream}
-        if cfg.stream and cfg.include_usage:
-            body["stream_options"] = {"include_usage": True}
-        if tools:
-            body["tools"] = tools
-            choice = cfg.tool_choice_json()
-            if choice is not None:
-                body["tool_choice"] = choice
-        got = (orjson.dumps(body)[:-1] + b',"messages":[', text_tokens(key[5].decode()) if tools else 0)
+        got = (orjson.dumps(api.head(cfg, model, tools))[:-1], text_tokens(key[6].decode()) if tools else 0)
         if len(_HEADS) >= 64:  # settings seen in one process: a handful; never unbounded
             _HEADS.clear()
         _HEADS[key] = got
@@ -132,10 +128,11 @@ class Conversation:
     last_round = 0  # the round it ends after (0: agents.rounds decides); a replayed conversation sets its own
 
     __slots__ = ("cfg", "model", "rng", "tools", "_tools_tokens", "_body", "_head_len", "n_messages",
-                 "tokens", "agent", "round", "_latency_s", "_user_tokens", "_pending", "_in_body", "_packed")
+                 "tokens", "agent", "round", "_latency_s", "_user_tokens", "_pending", "_in_body", "_packed",
+                 "_enc", "_head", "_chained")
 
     def __init__(self, cfg: ConversationConfig, model: str, rng: np.random.Generator | random.Random, agent: int,
-                 tools: list[dict[str, Any]] | None = None):
+                 tools: list[dict[str, Any]] | None = None, api: str = "chat"):
         if isinstance(rng, random.Random):  # the runner's canaries hand a random.Random: seed a Generator from it
             rng = np.random.default_rng(rng.getrandbits(64))
         self.cfg = cfg
@@ -144,12 +141,15 @@ class Conversation:
         self.agent = agent
         self.round = 0
         self.tools = tools if tools is not None else tool_schemas(cfg.tools)
-        head, self._tools_tokens = _head(cfg, model, self.tools)
-        self._head_len = len(head)
-        self._body = head + b"]}"  # '{...,"messages":[' + the messages, comma-separated + ']}'
+        mod = apis.get(api)
+        head, self._tools_tokens = _head(cfg, model, self.tools, mod)
         # Messages appended since the body was last made: joined into it once, when it is next
-        # asked for (a round appends 2-3 messages; each join copies the whole history).
-        self._pending: list[bytes] = []
+        # asked for (a round appends 2-3 messages; each join copies the whole history). Chat's are
+        # serialised as they come; another API's (`_enc`, its module) are kept as they came and
+        # encoded when joined (the tool results of a round may become one item: Messages' user turn).
+        self._pending: list[Any] = []
+        self._enc = None if mod is _chat else mod
+        self._chained: str | None = None  # responses_chain: the id of the answer the next request follows
         self._in_body = 0  # messages in _body
         self._packed: bytes | None = None  # the body while parked (`park`): zlib, _body empty
         self.n_messages = 0
@@ -161,13 +161,40 @@ class Conversation:
         self._user_tokens = max(1, ut.sample_int(rng)) if ut.kind == "constant" else None
         sys_text = synthetic_text(rng, cfg.system_tokens.sample_int(rng))
         user_text = synthetic_text(rng, max(1, cfg.user_tokens.sample_int(rng)))
-        self.append({"role": "system", "content": sys_text})
+        system = {"role": "system", "content": sys_text}
+        if self._enc is None:
+            head += b"," + mod.ITEMS  # '{...,"messages":[' + the messages, comma-separated + ']}'
+        else:  # the system prompt is a field of its own ("system", "instructions"), before the items
+            self.n_messages += 1
+            self.tokens += message_tokens(system)
+            head += b"," + mod.SYSTEM + orjson.dumps(sys_text) + b"," + mod.ITEMS
+        self._head = head
+        self._head_len = len(head)
+        self._body = head + b"]}"
+        if self._enc is None:
+            self.append(system)
         self.append({"role": "user", "content": user_text})
 
     def append(self, message: dict[str, Any]) -> None:
-        self._pending.append(orjson.dumps(message))
+        self._pending.append(orjson.dumps(message) if self._enc is None else message)
         self.n_messages += 1
         self.tokens += message_tokens(message)
+
+    def chain(self, response_id: str | None) -> None:
+        """`[conversation] responses_chain`: the server keeps the context up to and including the
+        answer `response_id` (appended already): from now on the body carries only what comes
+        after it, with `previous_response_id` (None: no id came, so the next request sends the whole
+        input again, as a stateless one does)."""
+        if response_id is None:
+            self._chained = None
+            return
+        self.body()
+        self._chained = response_id
+        head = self._head
+        at = head.rindex(b"," + self._enc.ITEMS)  # type: ignore[union-attr]
+        self._body = b"".join((head[:at], b',"previous_response_id":', orjson.dumps(response_id), head[at:], b"]}"))
+        self._head_len = len(self._body) - 2
+        self._in_body = 0
 
     def body(self) -> bytes:
         """The request body (the same bytes object until the next message is appended)."""
@@ -176,6 +203,9 @@ class Conversation:
             self._packed = None
         pending = self._pending
         if pending:
+            if self._enc is not None:
+                pending = self._enc.encode(pending)
+                self._pending.clear()
             new = pending[0] if len(pending) == 1 else b",".join(pending)
             self._body = b"".join((memoryview(self._body)[:-2], b"," if self._in_body else b"", new, b"]}"))
             self._in_body = self.n_messages

@@ -154,14 +154,14 @@ class ReplayConversation(Conversation):
     __slots__ = ("plan", "speed", "last_round", "_rnd", "_default_latency")
 
     def __init__(self, cfg: ConversationConfig, model: str, rng: np.random.Generator, agent: int,
-                 tools: list[dict[str, Any]] | None, plan: ConversationPlan, speed: float = 1.0):
+                 tools: list[dict[str, Any]] | None, plan: ConversationPlan, speed: float = 1.0, api: str = "chat"):
         first = plan.rounds[0].prompt_tokens
         tools = _fitting_tools(tools or [], first - 2 * TOKENS_PER_MESSAGE - 2)
         tools_tokens = text_tokens(orjson.dumps(tools).decode()) if tools else 0
         user = max(1, min(cfg.user_tokens.sample_int(rng), first - tools_tokens - 2 * TOKENS_PER_MESSAGE))
         system = max(0, first - tools_tokens - 2 * TOKENS_PER_MESSAGE - user)
         super().__init__(dataclasses.replace(cfg, system_tokens=const(system), user_tokens=const(user)), model, rng,
-                         agent, tools)
+                         agent, tools, api)
         self.plan = plan
         self.speed = speed
         self.last_round = len(plan.rounds)

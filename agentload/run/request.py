@@ -20,6 +20,12 @@ The verdict fails closed: a response is `ok` only if it is what was asked for. E
   finish_reason (an answer that finished empty, with a finish_reason, is ok).
 - `incomplete_stream`: tokens came, then the stream ended with neither finish_reason nor [DONE].
 - `no_finish_reason`: tokens came, then [DONE], but no finish_reason: an answer cut short.
+- `bad_tool_call`: a tool call that cannot be sent back: its arguments joined are not JSON (a
+  Messages `tool_use`'s input not an object), or it has no id or name (Messages, Responses).
+
+Messages and Responses streams (`apis`) end with their terminal event (`message_stop`,
+`response.completed`): without it a stream is `incomplete_stream` (tokens came) or `empty_stream`;
+`event: error`, `response.failed` and `response.incomplete` are `inband_error`s.
 
 Each message is one line naming what came back (status, Content-Type, first bytes, or what
 the stream carried). Malformed events are counted in `Trace.bad_events` even when the request is
@@ -114,9 +120,15 @@ def _what_came(status: int, ctype: str) -> str:
 
 
 def _stream_verdict(cs: ChatStream, trace: Trace) -> tuple[str | None, str | None]:
-    """The error class and message of a stream that was read to its end (None, None: ok)."""
+    """The error class and message of a stream that was read to its end (None, None: ok).
+
+    A stream of another API (`apis`) names its own terminal event (`END`: message_stop,
+    response.completed) and must end with it; its tool calls must be whole (`tool_call_problem`)."""
     if cs.error is not None:
         return "inband_error", cs.error
+    end_event = getattr(cs, "END", None)
+    if end_event is not None:
+        return _api_stream_verdict(cs, trace, end_event)
     if cs.token_chunks == 0 and cs.finish_reason is None:
         end = "with [DONE]" if cs.done else "at EOF"
         if cs.bad_json:
@@ -131,6 +143,31 @@ def _stream_verdict(cs: ChatStream, trace: Trace) -> tuple[str | None, str | Non
         # interrupt_requests does this after some tokens), not one that said how it ended
         return "no_finish_reason", (f"stream ended with [DONE] after {cs.token_chunks} token chunk(s) but no "
                                     f"finish_reason: the answer may have been cut short")
+    return None, None
+
+
+def _api_stream_verdict(cs: Any, trace: Trace, end_event: str) -> tuple[str | None, str | None]:
+    """`_stream_verdict` for a stream whose API has a terminal event (Messages, Responses)."""
+    end = f"with {end_event}" if cs.done else "at EOF"
+    if cs.token_chunks == 0 and (cs.finish_reason is None or not cs.done):
+        if cs.bad_json:
+            return "malformed_stream", (
+                f"stream ended {end} after {cs.bad_json} malformed event(s) of {cs.chunks}: no output; "
+                f"first malformed event: {first_bytes(cs.first_bad or b'')}")
+        if not cs.done or cs.finish_reason is None:
+            what = (f"{cs.chunks} event(s) without output" if cs.chunks else
+                    (f"{trace.bytes_in} byte(s) and no event" if trace.bytes_in else "an empty body"))
+            comments = f" and {trace.comments} comment(s)" if trace.comments else ""
+            return "empty_stream", f"stream ended {end} after {what}{comments}: no output, no {cs.FINISH}"
+    if not cs.done:
+        return "incomplete_stream", (f"stream ended without {end_event} after {cs.token_chunks} output event(s): "
+                                     f"the answer was cut short")
+    if cs.finish_reason is None:
+        return "no_finish_reason", (f"stream ended with {end_event} after {cs.token_chunks} output event(s) but no "
+                                    f"{cs.FINISH}: the answer may have been cut short")
+    problem = cs.tool_call_problem()
+    if problem is not None:
+        return "bad_tool_call", problem
     return None, None
 
 
@@ -262,10 +299,10 @@ class SSEBody:
 
     __slots__ = ("trace", "t", "cs", "dec", "last_byte", "plain")
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Trace, stream_cls: Any = ChatStream):
         self.trace = trace
         self.t = trace.t
-        self.cs = ChatStream()
+        self.cs = stream_cls()
         self.dec: SSEDecoder | None = None
         self.last_byte = _now()  # (headers) for the idle read timeout
         # nothing held from an earlier read (no partial event, no CR) and no BOM still possible
@@ -312,6 +349,7 @@ class SSEBody:
                             trace.last_token = now
                         else:
                             self._tokens(0, now)
+                            trace.first_output = cs.first_kind
                     if end + 2 < len(data):  # the start of the next event: the decoder holds it
                         (self.dec or self._decoder()).feed(data[end + 2:])
                         self.plain = False
@@ -327,6 +365,7 @@ class SSEBody:
         if had == 0:
             self.t["first_token"] = now
             trace.server_first_token_ns = server_stamp(self.cs.first_token_payload or b"")
+            trace.first_output = self.cs.first_kind
         else:
             gap = now - trace.last_token
             if gap > trace.max_gap:
@@ -367,11 +406,13 @@ class SSEBody:
 
 async def send(session: aiohttp.ClientSession, url: str, body: "bytes | ConversationBody", trace: Trace,
                extra_headers: dict[str, str] | None = None, stream: bool | None = None,
-               id_header: str | None = "X-Request-ID", tap: "Tap | None" = None) -> Result:
+               id_header: str | None = "X-Request-ID", tap: "Tap | None" = None,
+               stream_cls: Any = ChatStream) -> Result:
     """One request; the caller wraps it in the give-up timeout the watchdog can fire.
 
     `tap`: where the response goes on as it arrives (`agentload proxy`: to the harness), its head
     first, then every block of its body as read (the general read path: one task wake-up a read).
+    `stream_cls`: the reader of the answer in the request's API (`apis.<api>.Stream`; chat's by default).
 
     `stream`: whether the body asks for a stream (None: read from the body, `wants_stream`).
     `id_header`: the header that carries `trace.id_sent` (set by the caller, `agent.attempt`;
@@ -399,10 +440,12 @@ async def send(session: aiohttp.ClientSession, url: str, body: "bytes | Conversa
         direct = None
     try:
         if gate is None:
-            return await _exchange(session, url, body, trace, headers, stream, id_header, None, direct, tap)
+            return await _exchange(session, url, body, trace, headers, stream, id_header, None, direct, tap,
+                                   stream_cls)
         timeout = None if gate.enter_now() else await gate.wait(trace, url)
         try:
-            return await _exchange(session, url, body, trace, headers, stream, id_header, timeout, direct, tap)
+            return await _exchange(session, url, body, trace, headers, stream, id_header, timeout, direct, tap,
+                                   stream_cls)
         finally:
             gate.leave()
     finally:
@@ -413,7 +456,7 @@ async def send(session: aiohttp.ClientSession, url: str, body: "bytes | Conversa
 async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | ConversationBody", trace: Trace,
                     headers: dict[str, str], stream: bool | None, id_header: str | None,
                     timeout: aiohttp.ClientTimeout | None, direct: "DirectPost | None" = None,
-                    tap: "Tap | None" = None) -> Result:
+                    tap: "Tap | None" = None, stream_cls: Any = ChatStream) -> Result:
     """`send`'s request and response, read to the end (`timeout`: the session's, unless given; `direct`:
     sent through it, else through `session.post`)."""
     t = trace.t
@@ -456,23 +499,27 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | Con
                 t["end"] = now
                 return Result(status, None, "not_a_stream",
                               f"{_what_came(status, ctype)}, not an event stream: {first_bytes(raw)}")
-            cs = ChatStream.from_response(raw)
+            cs = stream_cls.from_response(raw)
             trace.chunks = 1
             trace.bad_events = cs.bad_json
             if cs.error is None and cs.not_completion is None and cs.token_chunks:
                 t["first_token"] = now
                 trace.last_token = now
                 trace.server_first_token_ns = server_stamp(raw)
+                trace.first_output = cs.first_kind
             t["end"] = now
             if cs.error is not None:
                 return Result(status, cs, "inband_error", cs.error)
             if cs.not_completion is not None:
                 return Result(status, cs, "bad_response",
-                              f"{_what_came(status, ctype)}, not a chat.completion object "
+                              f"{_what_came(status, ctype)}, not a {getattr(cs, 'OBJECT', 'chat.completion')} object "
                               f"({cs.not_completion}): {first_bytes(raw)}")
+            problem = cs.tool_call_problem() if hasattr(cs, "tool_call_problem") else None
+            if problem is not None:
+                return Result(status, cs, "bad_tool_call", problem)
             return Result(status, cs, None, None)
 
-        reader = SSEBody(trace)
+        reader = SSEBody(trace, stream_cls)
         content = resp.content
         conn = resp.connection
         cut = False

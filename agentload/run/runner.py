@@ -153,6 +153,7 @@ def run_metadata(sc: Scenario, run_id: str, endpoint: str, embedded_mock: bool) 
         "scenario": sc.to_dict(),
         "fingerprint": sc.workload_fingerprint(),
         "endpoint": endpoint,
+        "api": sc.target.api,  # the API the agents spoke (chat, messages, responses)
         "embedded_mock": embedded_mock,
         "client": sc.to_dict()["client"],
         "stall": sc.to_dict()["stall"],
@@ -220,7 +221,7 @@ async def canaries(ctx: RunContext, counter: "itertools.count[int] | None" = Non
     try:
         while not ctx.stopping:
             n = next(counter)
-            conv = Conversation(conv_cfg, sc.target.model, random.Random(n), -1, tools=[])
+            conv = Conversation(conv_cfg, sc.target.model, random.Random(n), -1, tools=[], api=sc.target.api)
             body = conv.body()
             trace = Trace("canary", -1, 1, n, f"{ctx.run_id}-canary-{n}", conv.n_messages, len(body), conv.tokens)
             await attempt(ctx, session, trace, body)

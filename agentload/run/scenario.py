@@ -146,16 +146,14 @@ def dist(default: float) -> Any:
 
 
 class _Endpoint(Check):
-    """The target's endpoint: a base URL or the API's full URL (agentload.endpoint says what is refused)."""
+    """The target's endpoint: a base URL or the API's full URL (agentload.endpoint says what is refused,
+    for the scenario's API: `TargetConfig._validate`)."""
 
     expected = "an http:// or https:// URL"
 
     def __call__(self, url: Any, at: At) -> str:
         if not isinstance(url, str):
             at.fail(self.expected, url)
-        problem = endpoint_problem(url)
-        if problem:
-            at.error(problem)
         return url
 
 
@@ -233,6 +231,10 @@ class TargetConfig:
     # ending in /chat/completions; None: start the embedded mock server
     endpoint: Optional[str] = setting(None, Opt(_Endpoint()))
     model: str = setting("mock-model", Text("a model name", nonblank=True))
+    # the API the agents speak: OpenAI's Chat Completions (`<endpoint>/chat/completions`), Anthropic's
+    # Messages (`<endpoint>/messages`: what Claude Code sends) or OpenAI's Responses (`<endpoint>/responses`:
+    # what Codex and the Agents SDK send); the same seeded conversation in each API's own shape
+    api: Literal["chat", "messages", "responses"] = "chat"
     api_key_env: Optional[str] = setting(None, Opt(_EnvName()))  # name of the env var; the key itself is never stored
     # static, non-secret headers (copied into run.json)
     headers: dict[str, str] = setting({}, Table(Text("a header value (a string on one line)", one_line=True),
@@ -253,11 +255,14 @@ class TargetConfig:
     request_id_format: Literal["uuid", "readable"] = "uuid"
 
     def _validate(self, at: At) -> None:
+        problem = endpoint_problem(self.endpoint, self.api) if self.endpoint is not None else None
+        if problem:
+            (at / "endpoint").error(problem)
         seen: dict[str, str] = {}
         if self.request_id_header:
             seen[self.request_id_header.lower()] = f"{at.key}.request_id_header"
-        if self.api_key_env is not None:
-            seen["authorization"] = f"{at.key}.api_key_env"
+        if self.api_key_env is not None:  # (Anthropic's Messages API takes the key as x-api-key)
+            seen["x-api-key" if self.api == "messages" else "authorization"] = f"{at.key}.api_key_env"
         for table in ("headers", "headers_env"):
             for name in getattr(self, table):
                 key = at / table / name
@@ -313,6 +318,10 @@ class ConversationConfig:
     # None: not sent (the server's default)
     tool_choice: Optional[str] = setting(None, Opt(Text("'auto', 'required', 'none' or a tool name",
                                                          nonblank=True)))
+    # target.api = "responses" only: send each round only its new input items with the previous
+    # answer's `previous_response_id` (and `store: true`), so the context grows on the server, as a
+    # stateful Responses client does; false (the default): the whole input every round, `store: false`
+    responses_chain: bool = False
 
     def _validate(self, at: At) -> None:
         choice = self.tool_choice
@@ -426,6 +435,14 @@ class Scenario:
         if self.replay.source and self.conversation.mode != "scripted":
             (at / "replay" / "source").error("expected conversation.mode = \"scripted\" with a replay (the capture "
                                              "decides each round's tool calls, not the model)")
+        if self.conversation.responses_chain:
+            key = at / "conversation" / "responses_chain"
+            if self.target.api != "responses":
+                key.error(f"expected responses_chain = true only with target.api = \"responses\" (previous_response_id "
+                          f"is the Responses API's), got target.api = {self.target.api!r}")
+            if self.conversation.mode != "model":
+                key.error("expected conversation.mode = \"model\" with responses_chain = true: the server keeps its own "
+                          "answers, so the next round must answer the tool calls the model made, not scripted ones")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"source": self.source, "description": self.description}

@@ -40,7 +40,7 @@ from agentload.endpoint import api_url
 from agentload.errors import UserError
 from agentload.records import Trace
 from agentload.redact import env_secrets, register_target, secret_field
-from agentload.run import body_sink
+from agentload.run import apis, body_sink
 from agentload.run.direct import DirectPost
 from agentload.run.direct import missing_hooks as direct_missing_hooks
 from agentload.run.scenario import ClientConfig, TargetConfig
@@ -443,8 +443,11 @@ def request_headers(target: TargetConfig) -> dict[str, str]:
         raise UserError(f"target: environment variable {two_lines[0]} (named by {secret_field(target, two_lines[0])}) "
                         f"holds a line break; expected a header value on one line")
     register_target(target)
-    if target.api_key_env:
-        h["Authorization"] = f"Bearer {env[target.api_key_env]}"
+    # the API's own headers (Messages: anthropic-version, the key as x-api-key), where the scenario's
+    # headers do not set them already
+    for name, value in apis.get(target.api).headers(env[target.api_key_env] if target.api_key_env else None).items():
+        if name.lower() not in (k.lower() for k in target.headers):
+            h[name] = value
     for name, var in target.headers_env.items():
         h[name] = env[var]  # type: ignore[assignment]
     return h
@@ -455,7 +458,7 @@ class Transport:
 
     def __init__(self, client: ClientConfig, target: TargetConfig, base_url: str):
         self.cfg = client
-        self.url = api_url(base_url)
+        self.url = api_url(base_url, target.api)
         self.headers = request_headers(target)
         self._shared: aiohttp.ClientSession | None = None
         self._per_agent: dict[int, aiohttp.ClientSession] = {}
