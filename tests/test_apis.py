@@ -491,3 +491,14 @@ def test_compare_varies_the_api(tmp_path):
     assert doc["fingerprint"] is not None  # one workload in three APIs: comparable without --force
     assert [v["name"] for v in doc["variants"]] == ["api=chat", "api=messages", "api=responses"]
     assert "target.api" not in doc["common"] and "healthy" in text
+
+
+def test_endpoint_and_url_follow_the_api():
+    from agentload.endpoint import api_url
+    from agentload.errors import ScenarioError
+    from agentload.run.scenario import load_scenario
+    sc = load_scenario("demo", ['target.endpoint="http://127.0.0.1:9/v1/messages"', 'target.api="messages"'])
+    assert api_url(sc.target.endpoint, sc.target.api) == "http://127.0.0.1:9/v1/messages"
+    assert api_url("http://127.0.0.1:9/v1", "responses") == "http://127.0.0.1:9/v1/responses"
+    with pytest.raises(ScenarioError, match="Anthropic's Messages API"):  # a Messages URL, chat's api
+        load_scenario("demo", ['target.endpoint="http://127.0.0.1:9/v1/messages"'])
