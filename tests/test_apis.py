@@ -396,8 +396,8 @@ def test_malformed_events_in_a_whole_answer_are_counted(tmp_path):
      "inband_error", "slow down"),
     ("messages", ["data: {not json\n\n", "data: [1, 2]\n\n"], "malformed_stream", "malformed"),
     ("responses", ['data: {"no": "type"}\n\n', R_START], "malformed_stream", "malformed"),
-    ("messages", _tool_stream("messages", '{"query": "a", '), "bad_tool_call", "not a JSON object"),
-    ("responses", _tool_stream("responses", '{"query": '), "bad_tool_call", "not JSON"),
+    ("messages", _tool_stream("messages", '{"query": "a", '), "bad_tool_call", "bad_arguments: call 0 (tool_0) input_json_delta events joined are not a JSON object"),
+    ("responses", _tool_stream("responses", '{"query": '), "bad_tool_call", "bad_arguments: call 0 (tool_0) arguments are not a JSON object"),
 ])
 def test_fail_closed(tmp_path, api, events, error, msg):
     recs, verdict = _run_fake(tmp_path, api, _sse(events))

@@ -123,7 +123,7 @@ def _stream_verdict(cs: ChatStream, trace: Trace) -> tuple[str | None, str | Non
     """The error class and message of a stream that was read to its end (None, None: ok).
 
     A stream of another API (`apis`) names its own terminal event (`END`: message_stop,
-    response.completed) and must end with it; its tool calls must be whole (`tool_call_problem`)."""
+    response.completed) and must end with it; its tool calls must be whole (`tool_call_problems`)."""
     if cs.error is not None:
         return "inband_error", cs.error
     end_event = getattr(cs, "END", None)
@@ -165,9 +165,9 @@ def _api_stream_verdict(cs: Any, trace: Trace, end_event: str) -> tuple[str | No
     if cs.finish_reason is None:
         return "no_finish_reason", (f"stream ended with {end_event} after {cs.token_chunks} output event(s) but no "
                                     f"{cs.FINISH}: the answer may have been cut short")
-    problem = cs.tool_call_problem()
-    if problem is not None:
-        return "bad_tool_call", problem
+    problems = cs.tool_call_problems()
+    if problems:
+        return "bad_tool_call", "; ".join(problems)
     return None, None
 
 
@@ -514,9 +514,9 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | Con
                 return Result(status, cs, "bad_response",
                               f"{_what_came(status, ctype)}, not a {getattr(cs, 'OBJECT', 'chat.completion')} object "
                               f"({cs.not_completion}): {first_bytes(raw)}")
-            problem = cs.tool_call_problem() if hasattr(cs, "tool_call_problem") else None
-            if problem is not None:
-                return Result(status, cs, "bad_tool_call", problem)
+            problems = cs.tool_call_problems() if hasattr(cs, "END") else None
+            if problems:
+                return Result(status, cs, "bad_tool_call", "; ".join(problems))
             return Result(status, cs, None, None)
 
         reader = SSEBody(trace, stream_cls)

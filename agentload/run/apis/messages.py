@@ -20,7 +20,7 @@ The stream (`MessagesStream`), events by their `type` (the SSE `event:` line is 
 - `message_stop`: the end. A stream without it is cut short (`incomplete_stream`), whatever came;
 - `error` (Anthropic's `overloaded_error`, ...): an in-band error; `ping`: nothing.
 
-A tool call's joined `input_json_delta`s must be a JSON object (`tool_call_problem`).
+A tool call's joined `input_json_delta`s must be a JSON object (`tool_call_problems`).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _input(arguments: Any) -> Any:
     try:
         v = _loads(arguments) if arguments else {}
     except _JSONDecodeError:
-        return {}  # (a model's arguments that are not JSON fail their request first: tool_call_problem)
+        return {}  # (a model's arguments that are not JSON fail their request first: tool_call_problems)
     return v if type(v) is dict else {}
 
 
@@ -380,20 +380,32 @@ class MessagesStream:
     def tool_call_count(self) -> int:
         return len(self._calls)
 
-    def tool_call_problem(self) -> str | None:
-        """Why the tool calls cannot be sent back (None: they can): arguments that are not a JSON object."""
-        for c in self.tool_calls if self._calls else ():
-            args = c["function"]["arguments"]
+    def tool_call_problems(self, expected: bool = False, max_tokens: int | None = None) -> list[str] | None:
+        """Why the tool calls cannot be sent back as they came, one `code: detail` line each (None:
+        they can), in ChatStream's codes: `truncated` (stop_reason max_tokens on an answer with a tool
+        call), `bad_arguments` (the joined input_json_delta events are not a JSON object), `no_id`,
+        `no_name`."""
+        if not self._calls:
+            return None
+        out = []
+        for i, c in enumerate(self.tool_calls):
+            fn = c["function"]
+            who = f"call {i} ({fn['name']})" if fn["name"] else f"call {i}"
+            if not c["id"]:
+                out.append(f"no_id: {who} came without an id (a tool_result cannot name it)")
+            if not fn["name"]:
+                out.append(f"no_name: {who} came without a name")
             try:
-                ok = type(_loads(args)) is dict
+                ok = type(_loads(fn["arguments"])) is dict
             except _JSONDecodeError:
                 ok = False
             if not ok:
-                return (f"tool call {c['id']!r} ({c['function']['name']}): its input_json_delta events joined are "
-                        f"not a JSON object: {_short(args[:120])}")
-            if not c["id"] or not c["function"]["name"]:
-                return f"a tool_use block without {'an id' if not c['id'] else 'a name'}"
-        return None
+                out.append(f"bad_arguments: {who} input_json_delta events joined are not a JSON object: "
+                           f"{_short(fn['arguments'][:120])}")
+        if self.finish_reason == "length":
+            out.insert(0, f"truncated: stop_reason max_tokens after {self.token_chunks} output event(s) with "
+                          f"{len(self._calls)} tool call(s)")
+        return out or None
 
     def assistant_message(self, content: str = "null") -> dict:
         return assistant_turn(self.content, self.tool_calls if self._calls else None, content)

@@ -399,22 +399,34 @@ class ResponsesStream:
     def tool_call_count(self) -> int:
         return len(self._calls)
 
-    def tool_call_problem(self) -> str | None:
-        """Why the tool calls cannot be sent back (None: they can): arguments that are not JSON, or
-        deltas that disagree with the arguments the server then said were whole."""
-        for idx in sorted(self._calls) if self._calls else ():
+    def tool_call_problems(self, expected: bool = False, max_tokens: int | None = None) -> list[str] | None:
+        """Why the tool calls cannot be sent back as they came, one `code: detail` line each (None:
+        they can), in ChatStream's codes: `truncated` (an answer that ran into max_output_tokens with a
+        function call), `bad_arguments` (arguments that are not a JSON object, or deltas that joined
+        differ from the arguments the done event then gave), `no_id` (no call_id), `no_name`."""
+        if not self._calls:
+            return None
+        out = []
+        for i, idx in enumerate(sorted(self._calls)):
             cid, name, parts, whole = self._calls[idx]
             args = "".join(parts) if parts else (whole or "")
-            if parts and whole is not None and whole != args:
-                return (f"function_call {cid!r} ({name}): its argument deltas joined differ from the arguments "
-                        f"of its done event")
+            who = f"call {i} ({name})" if name else f"call {i}"
+            if not cid:
+                out.append(f"no_id: {who} came without a call_id (a function_call_output cannot name it)")
+            if not name:
+                out.append(f"no_name: {who} came without a name")
             try:
-                _loads(args)
+                ok = type(_loads(args)) is dict
             except _JSONDecodeError:
-                return f"function_call {cid!r} ({name}): its arguments are not JSON: {_short(args[:120])}"
-            if not cid or not name:
-                return f"a function_call without {'a call_id' if not cid else 'a name'}"
-        return None
+                ok = False
+            if not ok:
+                out.append(f"bad_arguments: {who} arguments are not a JSON object: {_short(args[:120])}")
+            elif parts and whole is not None and whole != args:
+                out.append(f"bad_arguments: {who} argument deltas joined differ from the arguments of its done event")
+        if self.finish_reason == "length":
+            out.insert(0, f"truncated: max_output_tokens reached after {self.token_chunks} output event(s) with "
+                          f"{len(self._calls)} function call(s)")
+        return out or None
 
     def assistant_message(self, content: str = "null") -> dict:
         return assistant_turn(self.content, self.tool_calls if self._calls else None, content)
