@@ -47,7 +47,7 @@ def mean_body_bytes(concurrency: int, rounds: int, extra: list[str], first_round
     sc = load_scenario(str(SCENARIO), scenario_overrides(None, concurrency, rounds, extra))
     sizes = []
     for agent in range(min(concurrency, 8)):
-        conv = Conversation(sc.conversation, sc.target.model, agent_rng(sc.agents.seed, agent), agent)
+        conv = Conversation(sc.conversation, sc.target.model, agent_rng(sc.agents.seed, agent), agent, api=sc.target.api)
         for rnd in range(1, rounds + 1):
             if rnd >= first_round:
                 sizes.append(len(conv.body()))
@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     ablate(a.ablate)
     label = "agentload" + (" (before: " + "+".join(a.ablate) + " off)" if a.ablate else "")
+    api = next((s.split("=", 1)[1].strip('"') for s in a.sets if s.startswith("target.api=")), "chat")
+    if api != "chat":
+        label += f" {api}"
     if a.out is None:
         with tempfile.TemporaryDirectory(prefix="agentload-bench-") as d:
             res = run(a.url, a.concurrency, a.requests, Path(d) / "run", a.sets, a.workers, label=label)

@@ -15,6 +15,11 @@ aiohttp cost on their own.
 agentload, which parses every chunk, stamps every phase and writes a record per request, is
 measured against both.
 
+`--api messages` / `--api responses`: the same loop against `<url>/messages` or `<url>/responses`
+(a body of that API's shape), each event's `data:` line parsed (`--parse json`); the first token is
+the first `content_block_delta` with text / `response.output_text.delta` with a delta; the body is
+read to its end, which comes after the terminal event (`message_stop`, `response.completed`).
+
 Writes its result as JSON to the file `--result` names (else prints it as one line): requests,
 chunks, wall and CPU seconds of the load window, peak RSS, and the timing errors (first-token read
 - server send, ns) of every request (so at 512 x 40 requests the result is a few hundred KB).
@@ -40,13 +45,61 @@ _now = time.perf_counter_ns
 _STAMP = b'"mock_sent_ns":'
 
 
-def body_of(size: int) -> bytes:
-    """A chat request of about `size` bytes (the server does not parse it)."""
-    base = {"model": "bench", "max_tokens": 32, "stream": True, "stream_options": {"include_usage": True},
-            "messages": [{"role": "system", "content": ""}, {"role": "user", "content": "hello"}]}
+def body_of(size: int, api: str = "chat") -> bytes:
+    """A request of `api` of about `size` bytes (the server does not parse it)."""
+    if api == "messages":
+        base = {"model": "bench", "max_tokens": 32, "stream": True, "system": "",
+                "messages": [{"role": "user", "content": "hello"}]}
+    elif api == "responses":
+        base = {"model": "bench", "max_output_tokens": 32, "stream": True, "store": False, "instructions": "",
+                "input": [{"type": "message", "role": "user", "content": "hello"}]}
+    else:
+        base = {"model": "bench", "max_tokens": 32, "stream": True, "stream_options": {"include_usage": True},
+                "messages": [{"role": "system", "content": ""}, {"role": "user", "content": "hello"}]}
     pad = max(0, size - len(orjson.dumps(base)))
-    base["messages"][0]["content"] = ("lorem ipsum " * (pad // 12 + 1))[:pad]
+    text = ("lorem ipsum " * (pad // 12 + 1))[:pad]
+    if api == "messages":
+        base["system"] = text
+    elif api == "responses":
+        base["instructions"] = text
+    else:
+        base["messages"][0]["content"] = text
     return orjson.dumps(base)
+
+
+async def worker_events(session: aiohttp.ClientSession, url: str, body: bytes, n: int, errors_ns: list[int],
+                        totals: list[int], token_type: str, text_key: str) -> None:
+    """`worker_json` for Messages and Responses streams: named events, each `data:` line parsed."""
+    loads = orjson.loads
+    for _ in range(n):
+        async with session.post(url, data=body) as resp:
+            content = resp.content
+            chunks = 0
+            first = 0
+            stamp = 0
+            rest = b""
+            while True:
+                data = await content.readany()
+                if not data:
+                    break
+                now = _now()
+                events = (rest + data).split(b"\n\n") if rest else data.split(b"\n\n")
+                rest = events.pop()
+                for ev in events:
+                    i = ev.find(b"data: ")
+                    if i < 0:
+                        continue
+                    chunks += 1
+                    obj = loads(ev[i + 6:])
+                    if not first and obj.get("type") == token_type:
+                        d = obj.get("delta")
+                        if (d.get(text_key) if text_key else d):
+                            first = now
+                            stamp = obj.get("mock_sent_ns") or 0
+        totals[0] += 1
+        totals[1] += chunks
+        if first and stamp:
+            errors_ns.append(first - stamp)
 
 
 async def worker_json(session: aiohttp.ClientSession, url: str, body: bytes, n: int, errors_ns: list[int],
@@ -111,8 +164,9 @@ async def worker(session: aiohttp.ClientSession, url: str, body: bytes, n: int, 
             errors_ns.append(first - stamp)
 
 
-async def main_async(url: str, concurrency: int, requests: int, body_bytes: int, parse: str = "json") -> dict:
-    body = body_of(body_bytes)
+async def main_async(url: str, concurrency: int, requests: int, body_bytes: int, parse: str = "json",
+                     api: str = "chat") -> dict:
+    body = body_of(body_bytes, api)
     conn = aiohttp.TCPConnector(limit=concurrency)
     timeout = aiohttp.ClientTimeout(total=300, sock_read=60)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout,
@@ -122,12 +176,18 @@ async def main_async(url: str, concurrency: int, requests: int, body_bytes: int,
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         fn = worker_json if parse == "json" else worker
-        await asyncio.gather(*(fn(session, url.rstrip("/") + "/chat/completions", body, requests, errors_ns,
-                                  totals) for _ in range(concurrency)))
+        extra: tuple = ()
+        if api != "chat" and parse == "json":
+            fn = worker_events
+            extra = ("content_block_delta", "text") if api == "messages" else ("response.output_text.delta", "")
+        path = {"chat": "/chat/completions", "messages": "/messages", "responses": "/responses"}[api]
+        await asyncio.gather(*(fn(session, url.rstrip("/") + path, body, requests, errors_ns, totals, *extra)
+                               for _ in range(concurrency)))
         wall = time.perf_counter() - t0
         r1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    return {"client": "baseline" if parse == "json" else "floor", "requests": totals[0], "chunks": totals[1], "wall_s": wall, "cpu_s": cpu,
+    return {"client": ("baseline" if parse == "json" else "floor") + ("" if api == "chat" else f" {api}"),
+            "requests": totals[0], "chunks": totals[1], "wall_s": wall, "cpu_s": cpu,
             "rss_kb": r1.ru_maxrss, "errors_ns": errors_ns, "failed": concurrency * requests - totals[0]}
 
 
@@ -139,10 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--body-bytes", type=int, default=2000)
     ap.add_argument("--parse", choices=("json", "none"), default="json",
                     help="json: parse every chunk (the baseline); none: count bytes only (the floor)")
+    ap.add_argument("--api", choices=("chat", "messages", "responses"), default="chat",
+                    help="the API spoken (its path, its request body, its stream)")
     ap.add_argument("--no-uvloop", action="store_true")
     ap.add_argument("--result", type=Path, default=None, help="write the result (JSON) to this file, not to stdout")
     a = ap.parse_args(argv)
-    coro = main_async(a.url, a.concurrency, a.requests, a.body_bytes, a.parse)
+    coro = main_async(a.url, a.concurrency, a.requests, a.body_bytes, a.parse, a.api)
     if a.no_uvloop:
         out = asyncio.run(coro)
     else:

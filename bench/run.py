@@ -218,7 +218,7 @@ def render(rows: list[Row]) -> str:
     lines = [head]
     base: dict[tuple[str, int], Row] = {}
     for r in rows:
-        if r.name == "baseline":
+        if r.name.split(" ")[0] == "baseline":
             base[(r.mode, r.concurrency)] = r
         b = base.get((r.mode, r.concurrency))
         ratio = f"{paired_ratio(r, b):.2f}" if (b is not None and r is not b) else ""
@@ -270,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--interval-ms", type=float, default=5.0)
     ap.add_argument("--workers", type=int, default=0, help="also run agentload --workers N (rows marked so)")
+    ap.add_argument("--apis", default="chat",
+                    help="the APIs of the rows, comma list of chat, messages, responses: each API's rows are its own "
+                         "baseline (the raw loop reading that API's stream to its terminal event) and agentload with "
+                         "target.api set; the mode column names a non-chat API")
     ap.add_argument("--before", action="store_true",
                     help="also agentload with every performance change of issue 7 turned off (bench/ablate.py)")
     ap.add_argument("--only", choices=("baseline", "floor", "agentload"), default=None, help="run one client only")
@@ -312,17 +316,23 @@ def main(argv: list[str] | None = None) -> int:
     plan += [("burst", int(c), 0.0) for c in a.burst.split(",") if c.strip()]
     if a.peers_only:
         plan = []
-    for mode, conc, interval in plan:
-        body = mean_body_bytes(conc, a.rounds, [])
+    apis = [x.strip() for x in a.apis.split(",") if x.strip()]
+    plan = [(mode, conc, interval, api) for mode, conc, interval in plan for api in apis]
+    for mode, conc, interval, api in plan:
+        api_set = [] if api == "chat" else [f'target.api="{api}"']
+        body = mean_body_bytes(conc, a.rounds, api_set)
         budget = 120 + 2 * a.rounds * conc * (a.ttft_ms + a.chunks * interval) / 1000.0
+        if api != "chat":
+            mode = f"{mode} {api}"
         with Server(srv_cpu, a.ttft_ms, a.chunks, interval) as srv:
             common = ["--url", srv.url, "--concurrency", str(conc), "--requests", str(a.rounds)]
             clients: list[tuple[str, list[str]]] = []
             for name, parse in (("baseline", "json"), ("floor", "none")):
                 if a.only in (None, name):
-                    clients.append(("bench.baseline", common + ["--body-bytes", str(body), "--parse", parse]))
+                    clients.append(("bench.baseline", common + ["--body-bytes", str(body), "--parse", parse,
+                                                                "--api", api]))
             if a.only in (None, "agentload"):
-                clients.append(("bench.agentload_client", common))
+                clients.append(("bench.agentload_client", common + [x for s in api_set for x in ("--set", s)]))
             if a.before:
                 clients.append(("bench.agentload_client", common + ["--ablate", "all"]))
             if a.workers > 1:

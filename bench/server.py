@@ -14,7 +14,12 @@ The clock is CLOCK_MONOTONIC (Linux), the one agentload's records use, so the cl
 first-token stamp minus "mock_sent_ns" is the timing error of the client.
 
 Every POST is a chat completion, whatever its path, except a POST to .../v1/completions, answered
-in the legacy completions shape (`choices[0].text`, no role chunk) with the same timing. A GET is
+in the legacy completions shape (`choices[0].text`, no role chunk), one to .../messages, answered
+as Anthropic's Messages API streams (`message_start` and the text block's start first, one
+`content_block_delta` per token, then the block's stop, `message_delta` with the usage and
+`message_stop`), and one to .../responses, as OpenAI's Responses API streams (`response.created`,
+`response.in_progress`, the message item and its part first, one `response.output_text.delta`
+per token, then the `.done` events and `response.completed` with the usage), with the same timing. A GET is
 not a completion and is not counted:
     GET /bench/stats    the counters, JSON: requests and completed (streams), active (streams in
                         progress now), max_active (the most at once), busy_ns (the integral of
@@ -57,6 +62,34 @@ _TTOKEN = b"data: " + _THEAD + b'"text":"%b","logprobs":null,"finish_reason":nul
 _TFINISH = b"data: " + _THEAD + b'"text":"","logprobs":null,"finish_reason":"stop"}]}\n\n'
 
 
+def _ev(name: str, data: bytes) -> bytes:
+    """One named SSE event (Messages and Responses name theirs)."""
+    return b"event: %b\ndata: %b\n\n" % (name.encode(), data)
+
+
+# POST .../messages: Anthropic's Messages stream
+_M_ROLE = (_ev("message_start", b'{"type":"message_start","message":{"id":"msg_bench","type":"message","role":'
+                                b'"assistant","content":[],"model":"bench","stop_reason":null,"stop_sequence":null,'
+                                b'"usage":{"input_tokens":0,"output_tokens":1}}}')
+           + _ev("content_block_start", b'{"type":"content_block_start","index":0,"content_block":{"type":"text",'
+                                        b'"text":""}}'))
+_M_TOKEN = _ev("content_block_delta", b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta",'
+                                      b'"text":"%b"}}' % TOKEN_TEXT.encode())
+_M_FINISH = _ev("content_block_stop", b'{"type":"content_block_stop","index":0}')
+# POST .../responses: OpenAI's Responses stream
+_R_RESP = b'{"id":"resp_bench","object":"response","created_at":0,"status":"%b","model":"bench","output":[]}'
+_R_ROLE = (_ev("response.created", b'{"type":"response.created","response":%b}' % (_R_RESP % b"in_progress"))
+           + _ev("response.in_progress", b'{"type":"response.in_progress","response":%b}' % (_R_RESP % b"in_progress"))
+           + _ev("response.output_item.added", b'{"type":"response.output_item.added","output_index":0,"item":'
+                                               b'{"id":"msg_bench","type":"message","status":"in_progress",'
+                                               b'"role":"assistant","content":[]}}')
+           + _ev("response.content_part.added", b'{"type":"response.content_part.added","item_id":"msg_bench",'
+                                                b'"output_index":0,"content_index":0,"part":{"type":"output_text",'
+                                                b'"text":"","annotations":[]}}'))
+_R_TOKEN = _ev("response.output_text.delta", b'{"type":"response.output_text.delta","item_id":"msg_bench",'
+                                             b'"output_index":0,"content_index":0,"delta":"%b"}' % TOKEN_TEXT.encode())
+
+
 def _frame(data: bytes) -> bytes:
     """One HTTP/1.1 chunk (Transfer-Encoding: chunked)."""
     return b"%x\r\n%b\r\n" % (len(data), data)
@@ -65,14 +98,16 @@ def _frame(data: bytes) -> bytes:
 class Shape:
     """The bytes of one kind of answer (chat or legacy completions), framed once."""
 
-    def __init__(self, chunks: int, obj: bytes, role: bytes, token: bytes, finish: bytes):
-        usage = (b'data: {"id":"%b","object":"%b","created":0,"model":"bench",'
-                 b'"choices":[],"usage":{"prompt_tokens":0,"completion_tokens":%d,"total_tokens":%d}}\n\n'
-                 % (b"chatcmpl-bench" if role else b"cmpl-bench", obj, chunks, chunks))
+    def __init__(self, chunks: int, obj: bytes, role: bytes, token: bytes, finish: bytes, end: bytes | None = None):
+        if end is None:  # chat and completions: the usage chunk, then [DONE]
+            end = (b'data: {"id":"%b","object":"%b","created":0,"model":"bench",'
+                   b'"choices":[],"usage":{"prompt_tokens":0,"completion_tokens":%d,"total_tokens":%d}}\n\n'
+                   % (b"chatcmpl-bench" if role else b"cmpl-bench", obj, chunks, chunks)) + _DONE
         self.role_frame = _frame(role) if role else b""
-        self.token = token  # starts with b'data: {' (the first token gets the send stamp after it)
+        self.token = token  # (the first token gets the send stamp after its b'data: {')
+        self.stamp_at = token.find(b"data: {") + 7
         self.token_frame = _frame(token)
-        self.tail_frames = _frame(finish + usage + _DONE) + b"0\r\n\r\n"
+        self.tail_frames = _frame(finish + end) + b"0\r\n\r\n"
         # the chunks after the first, for --interval-ms 0 (all in one write)
         self.burst_rest = self.token_frame * (chunks - 1) + self.tail_frames
 
@@ -84,6 +119,25 @@ class Settings:
         self.interval_s = interval_ms / 1000.0
         self.chat = Shape(self.chunks, b"chat.completion.chunk", _ROLE, _TOKEN, _FINISH)
         self.text = Shape(self.chunks, b"text_completion", b"", _TTOKEN, _TFINISH)
+        n = self.chunks
+        self.messages = Shape(n, b"", _M_ROLE, _M_TOKEN, _M_FINISH, _ev(
+            "message_delta", b'{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},'
+                             b'"usage":{"output_tokens":%d}}' % n) + _ev("message_stop", b'{"type":"message_stop"}'))
+        text = TOKEN_TEXT.encode() * n
+        item = b'{"id":"msg_bench","type":"message","status":"completed","role":"assistant","content":[%b]}'
+        part = b'{"type":"output_text","text":"%b","annotations":[]}' % text
+        done = (b'{"id":"resp_bench","object":"response","created_at":0,"status":"completed","model":"bench",'
+                b'"output":[%b],"usage":{"input_tokens":0,"input_tokens_details":{"cached_tokens":0},'
+                b'"output_tokens":%d,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":%d}}'
+                % (item % part, n, n))
+        self.responses = Shape(n, b"", _R_ROLE, _R_TOKEN, _ev(
+            "response.output_text.done", b'{"type":"response.output_text.done","item_id":"msg_bench",'
+                                         b'"output_index":0,"content_index":0,"text":"%b"}' % text)
+            + _ev("response.content_part.done", b'{"type":"response.content_part.done","item_id":"msg_bench",'
+                                                b'"output_index":0,"content_index":0,"part":%b}' % part)
+            + _ev("response.output_item.done", b'{"type":"response.output_item.done","output_index":0,"item":%b}'
+                  % (item % part)),
+            _ev("response.completed", b'{"type":"response.completed","response":%b}' % done))
 
 
 class Stats:
@@ -192,8 +246,14 @@ class BenchProtocol(asyncio.Protocol):
                     self.need = 0
                 else:
                     path = head[head.find(b" ") + 1:head.find(b" HTTP/")]
-                    self.req = self.cfg.text if (path.endswith(b"/completions")
-                                                 and not path.endswith(b"/chat/completions")) else self.cfg.chat
+                    if path.endswith(b"/chat/completions"):
+                        self.req = self.cfg.chat
+                    elif path.endswith(b"/messages"):
+                        self.req = self.cfg.messages
+                    elif path.endswith(b"/responses"):
+                        self.req = self.cfg.responses
+                    else:
+                        self.req = self.cfg.text if path.endswith(b"/completions") else self.cfg.chat
                     head = head.lower()
                     i = head.find(b"content-length:")
                     if i < 0:
@@ -252,7 +312,8 @@ class BenchProtocol(asyncio.Protocol):
             return
         cfg = self.cfg
         shape = s.shape
-        first = b'data: {"mock_sent_ns":%d,' % _now() + shape.token[7:]
+        at = shape.stamp_at
+        first = shape.token[:at] + b'"mock_sent_ns":%d,' % _now() + shape.token[at:]
         if cfg.interval_s <= 0:
             t.write(_frame(first) + shape.burst_rest)
             self._done()
