@@ -449,25 +449,26 @@ def test_non_streamed(tmp_path, api, body, ok):
 
 from test_verdicts import CASES  # noqa: E402  (scenario, kind, phase, first_round with chat)
 
-OTHER = ["demo", "long-rounds", "stale-keepalive"]  # packaged, not in CASES: compared with chat's own run
+# packaged, not in CASES: the verdict each says at its top (stale-keepalive is left out, as test_verdicts leaves
+# it out: a race, whose run may lose no POST on a stale connection, and on a loaded machine says client_saturated)
+OTHER = {"demo": [("healthy", None, None)], "long-rounds": [("healthy", None, None)]}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("api", ["messages", "responses"])
-@pytest.mark.parametrize("name", [c[0] for c in CASES] + OTHER)
+@pytest.mark.parametrize("name", [c[0] for c in CASES] + list(OTHER))
 def test_every_packaged_scenario_same_verdict_in_each_api(tmp_path, name, api):
     """The verdict kind, phase and first round of a packaged scenario on the mock do not depend on the API
     (the router soaks need a router that serves the API: not here)."""
     if name in OTHER:
-        v = run_scenario(name, tmp_path / "chat").summary["verdict"]
-        want = (v["kind"], v["phase"], v["first_round"])
+        wants = OTHER[name]
     else:
         _, kind, phase, first = next(c for c in CASES if c[0] == name)
-        want = (kind, phase, first)
+        wants = [(kind, phase, first)]
     res = run_scenario(name, tmp_path / api, [f'target.api="{api}"'])
     v = res.summary["verdict"]
-    got = (v["kind"], v["phase"], v["first_round"] if want[2] is not None else None)
-    assert got == want, v
+    got = [(v["kind"], v["phase"], v["first_round"] if want[2] is not None else None) for want in wants]
+    assert any(g == w for g, w in zip(got, wants)), v
     assert res.summary["run"]["api"] == api
     recs = _agent_records(tmp_path / api)
     assert recs and all(r.server_prompt_tokens in (None, r.prompt_tokens) for r in recs)
