@@ -1,5 +1,9 @@
 """An OpenAI-compatible chat completions server with a latency model and fault injection.
 
+It serves `POST /v1/chat/completions`, and Anthropic's `POST /v1/messages` and OpenAI's
+`POST /v1/responses` (agentload/mock/apis.py reads their requests into chat's form and frames the
+answer in their events): whatever is said below of a chat request holds for the three routes.
+
 Timeline of one admitted request (all times from admission, i.e. after the `max_running` queue):
 
     headers + role-only chunk      immediately (stream); ttfb therefore measures queueing only
