@@ -13,7 +13,7 @@ window (`StallWindows`), and how the requests it stalled ended; the pool rule ju
 outside those windows, or all of it when the queue there was far longer than what the stalled
 requests held (`judge_pool`); canaries that failed outside the windows are a finding of their own.
 
-Kinds are the `Kind` enumeration; README's list of verdict kinds is checked against it.
+Kinds are the `Kind` enumeration; docs/verdicts.md lists every kind (tests/test_rules.py keeps the two equal).
 """
 
 from __future__ import annotations
