@@ -31,6 +31,7 @@ from agentload.records.rundir import RunData, load_run
 from agentload.analysis.summary import build_summary
 
 from helpers import REPO, cli, run_scenario
+from records_factory import RunBuilder
 
 FIXTURE = REPO / "tests" / "data" / "report-fixture"
 GOLDEN = REPO / "tests" / "golden" / "report-fixture"
@@ -252,3 +253,31 @@ def test_html_report_renders_in_headless_chromium_without_console_errors(tmp_pat
     assert res.ids == ["fig-timeline", "fig-rounds", "fig-prompt", "fig-over-time"]
     assert res.traces[0] >= 5  # phases, round ticks, stall marks
     assert res.plotly_version
+
+
+def test_every_report_shows_each_finding_not_only_the_lead(tmp_path):
+    # report.txt has its ALSO lines; report.html and `agentload compare` once showed the lead alone
+    from agentload.analysis.compare import compare_dirs
+    from agentload.report import compare_text
+
+    def hang_beside_a_small_pool(path):
+        run = RunBuilder(agents=20, rounds=6, limit=8)  # every request waits 80 ms of ~135 for a connection
+        for rnd in range(1, 6):
+            for a in range(20):
+                run.ok(a, rnd, pool_wait_ms=80, ttfb_ms=5, ttft_ms=30, stream_ms=20, at_ms=rnd * 1000 + a)
+        run.stalled(0, 6, "ttfb", at_ms=6000, held_ms=15_000)
+        run.write(path)
+        write_reports(path)
+
+    for name in ("a", "b"):
+        hang_beside_a_small_pool(tmp_path / name)
+    text = (tmp_path / "a" / "report.txt").read_text()
+    assert text.startswith("VERDICT [server_stall]") and "\nALSO [client_pool] client pool exhausted apart" in text
+    html = (tmp_path / "a" / "report.html").read_text()
+    assert "<span class='kind'>ALSO client_pool</span> client pool exhausted apart from the server stall" in html
+    assert html.index("ALSO client_pool") > html.index("the client pool is not the cause of the stall")
+    doc = compare_dirs([tmp_path / "a", tmp_path / "b"], names=["a", "b"], base=tmp_path)
+    assert [x["kind"] for x in doc["variants"][0]["verdict"]["secondary"]] == ["client_pool"]
+    compare_text.write_outputs(doc, tmp_path)
+    assert "      also [client_pool] client pool exhausted apart" in (tmp_path / "compare.txt").read_text()
+    assert "also <span class='kind'>[client_pool]</span>" in (tmp_path / "compare.html").read_text()

@@ -419,7 +419,11 @@ def compare_dirs(paths: list[Path], *, force: bool = False, names: list[str] | N
             "client": (data.meta.get("scenario") or {}).get("client", {}),
             "stall": (data.meta.get("scenario") or {}).get("stall", {}),
             "metrics": metrics,
-            "verdict": {k: v.get(k) for k in ("kind", "phase", "first_round", "agents_affected", "summary", "evidence")},
+            "verdict": {**{k: v.get(k) for k in ("kind", "phase", "first_round", "agents_affected", "summary",
+                                                 "evidence")},
+                        # the other findings (ALSO): a variant whose pool was too small beside a hang says both
+                        "secondary": [{"kind": x.get("kind"), "summary": x.get("summary")}
+                                      for x in v.get("secondary") or []]},
             "cut_short": summary["run"].get("cut_short"),
             "warnings": summary.get("warnings", []),
             "quantiles_ms": quantiles,

@@ -176,9 +176,11 @@ def verdicts_html(doc: dict[str, Any]) -> str:
         errs = v["metrics"].get("error_classes") or {}
         err = (f"<div class='note'>errors: {_e(', '.join(f'{k} x{n}' for k, n in errs.items()))}</div>"
                if errs else "")
+        also = "".join(f"<div class='note'>also <span class='kind'>[{_e(x.get('kind'))}]</span>{_e(x.get('summary'))}"
+                       f"</div>" for x in vd.get("secondary") or [])
         out.append(f"<div class='verdict {'ok' if ok else 'bad'}'><span class='name'>{_e(v['name'])}</span> "
                    f"<span class='kind'>[{_e(vd.get('kind'))}]</span>{_e(vd.get('summary'))}"
-                   f"{err}<details><summary class='note'>evidence; run folder {_e(v['dir'])}</summary>"
+                   f"{also}{err}<details><summary class='note'>evidence; run folder {_e(v['dir'])}</summary>"
                    f"<ul>{ev}</ul></details></div>")
     return "".join(out)
 

@@ -70,6 +70,8 @@ def render_text(doc: dict[str, Any], width: int = 120, color: bool = False) -> s
     for var in doc["variants"]:
         v = var["verdict"]
         con.print(f"  {var['name']}: [{v.get('kind')}] {v.get('summary')}", soft_wrap=True)
+        for sec in v.get("secondary") or []:
+            con.print(f"      also [{sec.get('kind')}] {sec.get('summary')}", soft_wrap=True)
         errs = var["metrics"].get("error_classes") or {}
         if errs:
             con.print("      errors: " + ", ".join(f"{k} x{n}" for k, n in errs.items()), soft_wrap=True)

@@ -6,8 +6,8 @@ figure gets a fixed div id, nothing depends on the clock or on randomness. The r
 once, in the pass that also builds the summary: what the charts need of them is gathered by
 `agentload.report.html_view.HtmlView` (a bounded lane sample, counters and bins).
 
-Contents, top to bottom: the verdict and its evidence (and a banner when the run was cut
-short), the run's settings, the agents' swim lanes, per-round phase percentiles, stall and
+Contents, top to bottom: the verdict and its evidence, every other finding (ALSO) with its own
+(and a banner when the run was cut short), the run's settings, the agents' swim lanes, per-round phase percentiles, stall and
 error counts by round x phase, stall probability against prompt size, the run over time, the
 target's own metrics, and (a run with a fleet behind a router) the router section
 (`agentload.report.router_chart`). A run with scheduled faults has their windows shaded on every
@@ -479,6 +479,11 @@ def verdict_html(data: RunData, summary: dict[str, Any], view: HtmlView) -> str:
            + (f"<div class='facts'>{' · '.join(facts)}</div>" if facts else "") + "</div>"]
     if v.get("evidence"):
         out.append("<ul class='evidence'>" + "".join(f"<li>{_e(e)}</li>" for e in v["evidence"]) + "</ul>")
+    for sec in v.get("secondary") or []:  # every other finding, in order, as report.txt's ALSO lines
+        out.append(f"<div class='verdict also'><span class='kind'>ALSO {_e(sec.get('kind', '?'))}</span> "
+                   f"{_e(sec.get('summary', ''))}</div>")
+        if sec.get("evidence"):
+            out.append("<ul class='evidence'>" + "".join(f"<li>{_e(e)}</li>" for e in sec["evidence"]) + "</ul>")
     if run.get("cut_short"):
         if not data.meta.get("ended", False):
             unrecorded = len(view.lanes.no_record_agents(view.run_end(data.samples)))
@@ -508,6 +513,7 @@ body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 
 h1{font-size:20px;margin:0 0 8px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .verdict{font-size:17px;padding:10px 14px;border-radius:6px;margin:8px 0}
 .verdict.ok{background:#e8f5e9;border-left:6px solid #2ca02c}.verdict.bad{background:#fdecea;border-left:6px solid #d62728}
+.verdict.also{font-size:15px;background:#fff4e5;border-left:6px solid #ff7f0e}
 .verdict .kind{font-weight:700;font-family:monospace;margin-right:8px}.verdict .facts{font-size:13px;margin-top:4px;color:#444}
 .banner{background:#fff3cd;border:1px solid #e0b400;padding:8px 12px;border-radius:6px;margin:8px 0;font-weight:600}
 ul.evidence li{margin:2px 0}ul.warnings{color:#8a5300}
