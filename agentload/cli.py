@@ -121,6 +121,7 @@ def proxy(
     out: Annotated[Optional[Path], typer.Option(help="Run folder (default: reports/<time>-proxy)")] = None,
     session_header: Annotated[Optional[str], typer.Option("--session-header", help="A request header that names the conversation (e.g. x-session-id); wins over the messages")] = None,
     duration: Annotated[Optional[float], typer.Option(help="Stop after this many seconds (default: until Ctrl-C or SIGTERM)")] = None,
+    capture_bodies: Annotated[bool, typer.Option("--capture-bodies", help="Also keep each request's body (bodies.jsonl, secrets redacted): `replay` then sends the real text")] = False,
     set_: SetOpt = None,
     fail_on: Annotated[str, typer.Option(help="'problem': exit 1 when the verdict is not healthy; 'never'")] = "problem",
     live: Annotated[bool, typer.Option(help="Print a live line every second")] = True,
@@ -145,7 +146,8 @@ def proxy(
         _fail(str(e))
     run_dir = out or default_out_dir(sc, name="proxy")
     try:
-        launched = proxy_to_dir(sc, run_dir, upstream, host=host, port=port, session_header=session_header, live=live)
+        launched = proxy_to_dir(sc, run_dir, upstream, host=host, port=port, session_header=session_header,
+                                capture_bodies=capture_bodies, live=live)
     except UserError as e:
         _fail(str(e))
     _echo(launched.text)

@@ -204,7 +204,8 @@ LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 
 def proxy_to_dir(sc: Scenario, run_dir: Path, upstream: str, *, host: str = "127.0.0.1", port: int = 0,
-                 session_header: str | None = None, live: bool = True, install_signals: bool = True,
+                 session_header: str | None = None, capture_bodies: bool = False, live: bool = True,
+                 install_signals: bool = True,
                  log=lambda msg: print(msg, file=sys.stderr), on_listening=None) -> Launched:
     """`agentload proxy`: serve a proxy to `upstream` on host:port until a signal (or the scenario's
     agents.duration_s), recording every request the harness sends through it into run_dir, then write
@@ -242,13 +243,15 @@ def proxy_to_dir(sc: Scenario, run_dir: Path, upstream: str, *, host: str = "127
     if not any(_VERSION_PART.match(p) for p in parts.path.split("/") if p):
         base += "/v1"
     sc = dataclasses.replace(sc, target=dataclasses.replace(sc.target, endpoint=base))
-    meta = {"proxy": {"upstream": upstream, "listen": f"{bound[0]}:{bound[1]}", "session_header": session_header}}
+    meta = {"proxy": {"upstream": upstream, "listen": f"{bound[0]}:{bound[1]}", "session_header": session_header,
+                      "bodies": "bodies.jsonl" if capture_bodies else None}}
     use_uvloop()
     view = LiveLine(run_dir=str(run_dir)) if live else None
     try:
         outcome = asyncio.run(execute(sc, run_dir, base, embedded_mock=False, on_tick=view,
                                       install_signals=install_signals, extra_meta=meta,
-                                      drive=drive(sock, upstream, session_header, log)))
+                                      drive=drive(sock, upstream, session_header, log,
+                                                  run_dir / "bodies.jsonl" if capture_bodies else None)))
     finally:
         if view is not None:
             view.close()

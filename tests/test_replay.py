@@ -117,3 +117,50 @@ def test_a_capture_that_hung_hangs_again_in_the_same_round_and_phase(tmp_path):
     assert before["kind"] == after["kind"] == "server_stall", r.stdout
     assert (after["phase"], after["first_round"]) == (before["phase"], before["first_round"]) == ("ttfb", before["first_round"])
     assert r.returncode == 1
+
+
+@pytest.mark.slow
+def test_a_capture_with_bodies_is_replayed_verbatim_and_keeps_no_secret(tmp_path):
+    import openai
+    from test_proxy import KEY, start_proxy, stop_proxy
+
+    mock = MockProcess.start(MockConfig(tool_call_rounds=2, output_tokens=8, decode_tokens_per_s=2000))
+    try:
+        cap = tmp_path / "capture"
+        child, port = start_proxy(mock.url, cap, "--capture-bodies")
+        try:
+            async def one():
+                c = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=30)
+                # a harness that pastes its own key into the prompt: the capture must not keep it
+                msgs = [{"role": "user", "content": f"my key is {KEY}, list the files"}]
+                try:
+                    for _ in range(3):
+                        r = await c.chat.completions.create(model="mock-model", messages=msgs, stream=False,
+                                                            tools=[{"type": "function", "function": {
+                                                                "name": "ls", "parameters": {"type": "object"}}}])
+                        m = r.choices[0].message
+                        if not m.tool_calls:
+                            return
+                        msgs.append(m.model_dump(exclude_none=True))
+                        for tc in m.tool_calls:
+                            msgs.append({"role": "tool", "tool_call_id": tc.id, "content": "a.py b.py " * 30})
+                finally:
+                    await c.close()
+            asyncio.run(one())
+        finally:
+            stop_proxy(child)
+        bodies = (cap / "bodies.jsonl").read_bytes()
+        assert KEY.encode() not in bodies and b"my key is ***" in bodies
+        out = tmp_path / "replay"
+        r = cli("replay", str(cap), "--agents", "2x", "--endpoint", mock.url, "--out", str(out), "--no-live",
+                "--set", "canary.every_s=0", timeout=300)
+    finally:
+        mock.stop()
+    assert r.returncode == 0, r.stdout + r.stderr
+    captured = _prompts(cap / "records.jsonl")[0]
+    assert sorted(captured) == [1, 2, 3]
+    from agentload.tokens import text_tokens
+    # the very bodies, but for the key the capture hid: that message is shorter by its difference
+    hidden = (text_tokens(f"my key is {KEY}, list the files") - text_tokens("my key is ***, list the files"))
+    for agent, rounds in _prompts(out / "records.jsonl").items():
+        assert {n: p + hidden for n, p in rounds.items()} == captured, (agent, rounds, captured)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -14,13 +15,13 @@ if TYPE_CHECKING:
     from agentload.run.context import RunContext
 
 
-def drive(sock: socket.socket, upstream: str, session_header: str | None, log=None):
+def drive(sock: socket.socket, upstream: str, session_header: str | None, log=None, bodies: Path | None = None):
     """`execute`'s drive: serve the proxy on `sock` until the run stops, then let the requests in
     flight end (the runner bounds that by give_up_s) and close."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
 
     async def run(ctx: "RunContext") -> None:
-        proxy = Proxy(ctx, upstream, session_header)
+        proxy = Proxy(ctx, upstream, session_header, bodies)
         # handler_cancellation: a harness that closes its connection cancels its request upstream too
         runner = web.AppRunner(make_app(proxy), handler_cancellation=True, access_log=None,
                                shutdown_timeout=ctx.scenario.stall.give_up_s)
@@ -34,5 +35,6 @@ def drive(sock: socket.socket, upstream: str, session_header: str | None, log=No
             await ctx.stop_event.wait()
         finally:
             await runner.cleanup()
+            proxy.close()
 
     return run

@@ -26,7 +26,9 @@ say it was agentload.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -34,6 +36,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from agentload.redact import add_secret, redact_bytes
 from agentload.proxy.conversations import Conversations, conversation_items
 from agentload.records import Trace
 from agentload.run.agent import attempt
@@ -50,6 +53,9 @@ _now = time.perf_counter_ns
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                         "trailer", "transfer-encoding", "upgrade", "host", "content-length"})
 _NOT_UPSTREAM = HOP_BY_HOP | {"accept-encoding"}
+# request headers whose values are credentials (registered as secrets: redacted in every output)
+SECRET_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "proxy-authorization", "cookie",
+                            "x-goog-api-key", "openai-organization"})
 _NOT_DOWNSTREAM = HOP_BY_HOP | {"content-encoding"}
 MAX_BODY_BYTES = 256 * 1024 * 1024  # a harness's request body (a long conversation with images)
 
@@ -101,7 +107,8 @@ class DownstreamTap:
 class Proxy:
     """The proxy's request handler: one per `agentload proxy` run (it holds the conversations)."""
 
-    def __init__(self, ctx: "RunContext", upstream: str, session_header: str | None):
+    def __init__(self, ctx: "RunContext", upstream: str, session_header: str | None,
+                 bodies: Path | None = None):
         self.ctx = ctx
         self.upstream = upstream.rstrip("/")
         parts = urlsplit(self.upstream)
@@ -111,6 +118,8 @@ class Proxy:
         self.conversations = Conversations()
         self.session = ctx.transport.session_for(0)
         self.passed_through = 0  # requests that are no conversation (GET /v1/models, ...): forwarded, not recorded
+        # --capture-bodies: each recorded request's body, one JSON line, secrets redacted (for `replay`)
+        self.bodies_fd = os.open(bodies, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if bodies else -1
 
     def url_for(self, request: web.Request) -> str:
         """The upstream URL of a request: the upstream's base and the harness's path after it.
@@ -148,6 +157,13 @@ class Proxy:
         st.round, st.state, st.since, st.trace = rnd, "request", _now(), trace
         tap = DownstreamTap(request, trace)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_UPSTREAM}
+        for k, v in headers.items():  # the harness's credentials: hidden wherever a server echoes them
+            if k.lower() in SECRET_HEADERS:
+                add_secret(v.removeprefix("Bearer ").removeprefix("bearer ").strip())
+        if self.bodies_fd >= 0:
+            line = b'{"request_id":%b,"agent":%d,"round":%d,"call":%d,"body":%b}\n' % (
+                orjson.dumps(rid), agent, rnd, pl.call, raw.strip())
+            os.write(self.bodies_fd, redact_bytes(line))
         try:
             rec, res = await attempt(ctx, self.session, trace, raw, url=self.url_for(request),
                                      headers=headers, tap=tap)
@@ -180,6 +196,11 @@ class Proxy:
             except (ConnectionError, aiohttp.ClientConnectionResetError):
                 pass  # (the harness left after the last byte: its answer was whole)
         return resp
+
+    def close(self) -> None:
+        if self.bodies_fd >= 0:
+            os.close(self.bodies_fd)
+            self.bodies_fd = -1
 
     async def _pass_through(self, request: web.Request, raw: bytes) -> web.StreamResponse:
         """A request that carries no conversation: forwarded as it is, answer streamed back, no record."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from agentload.errors import drop_tracebacks
 from agentload.run.context import AgentState
 from agentload.run.conversation import Conversation, agent_rng  # numpy Generator per agent
-from agentload.run.replay import ReplayConversation
+from agentload.run.replay import new_conversation
 from agentload.records import Record, Trace
 from agentload.records.overflow import overflow
 from agentload.run.request import ConversationBody, Result, Tap, classify_exception, send, sent_request_id
@@ -196,8 +196,8 @@ async def run_agent(ctx: "RunContext", agent: int, intended_start: int | None = 
                 break
             plans = ctx.replay_plans
             conv = (Conversation(conv_cfg, sc.target.model, rng, agent, ctx.tools, sc.target.api) if plans is None
-                    else ReplayConversation(conv_cfg, sc.target.model, rng, agent, ctx.tools,
-                                            plans[agent % len(plans)], sc.replay.speed, sc.target.api))
+                    else new_conversation(conv_cfg, sc.target.model, rng, agent, ctx.tools,
+                                          plans[agent % len(plans)], sc.replay.speed, sc.target.api))
             if await _conversation(ctx, st, conv, session, k, intended) != "done":
                 return st
             intended = None

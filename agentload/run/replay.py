@@ -40,6 +40,7 @@ class RoundPlan:
     prompt_tokens: int  # the request's prompt size, tokens.py's estimate
     tool_calls: int  # tool calls in its answer (0: a text answer)
     think_s: float | None  # the harness's time from this answer to its next request (None: not known)
+    body: bytes | None = None  # the request's own body (`agentload proxy --capture-bodies`), else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,7 @@ def _from_proxy(path: Path) -> list[ConversationPlan]:
         prev = rounds.get(rnd)
         if prev is None or call >= int(prev.get("call") or 0):  # a retried round: its last attempt
             rounds[rnd] = d
+    bodies = _bodies(path.parent / "bodies.jsonl")
     plans = []
     for a in sorted(by_conv):
         rounds = by_conv[a]
@@ -93,9 +95,25 @@ def _from_proxy(path: Path) -> list[ConversationPlan]:
             arrive = (nxt.get("t") or {}).get("down_start") if nxt is not None else None
             if end is not None and arrive is not None:
                 think = max(0.0, (arrive - end) / 1e9)
-            out.append(RoundPlan(int(d.get("prompt_tokens") or 0), int(d.get("tool_calls") or 0), think))
+            out.append(RoundPlan(int(d.get("prompt_tokens") or 0), int(d.get("tool_calls") or 0), think,
+                                 bodies.get(d.get("request_id"))))
         plans.append(ConversationPlan(f"conversation {a}", tuple(out)))
     return plans
+
+
+def _bodies(path: Path) -> dict[str, bytes]:
+    """request_id -> body of a capture made with --capture-bodies (none without it)."""
+    out: dict[str, bytes] = {}
+    if not path.is_file():
+        return out
+    for i, line in enumerate(path.read_bytes().splitlines(), 1):
+        try:
+            d = orjson.loads(line)
+            out[str(d["request_id"])] = orjson.dumps(d["body"])
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            raise UserError(f"{path}: line {i}: expected {{\"request_id\": ..., \"body\": {{...}}}} as "
+                            f"`agentload proxy --capture-bodies` writes it") from None
+    return out
 
 
 def _from_openai(path: Path) -> list[ConversationPlan]:
@@ -146,6 +164,16 @@ def _fitting_tools(tools: list[dict[str, Any]], room: int) -> list[dict[str, Any
             break
         out.append(t)
     return out
+
+
+def new_conversation(cfg: ConversationConfig, model: str, rng: np.random.Generator, agent: int,
+                     tools: list[dict[str, Any]] | None, plan: ConversationPlan, speed: float,
+                     api: str = "chat") -> Conversation:
+    """The conversation that replays `plan`: its very bodies when the capture kept them (sent as they
+    are: they speak the API the harness spoke), else its shapes in `api`'s form."""
+    if all(r.body is not None for r in plan.rounds):
+        return VerbatimConversation(cfg, model, rng, agent, tools, plan, speed, api)
+    return ReplayConversation(cfg, model, rng, agent, tools, plan, speed, api)
 
 
 class ReplayConversation(Conversation):
@@ -204,3 +232,49 @@ class ReplayConversation(Conversation):
         if r is None or r.think_s is None:
             return self._default_latency.sample(self.rng) / 1000.0 / self.speed
         return r.think_s / self.speed
+
+
+class VerbatimConversation(ReplayConversation):
+    """Sends the captured bodies themselves, round by round (the model set to the scenario's): the
+    harness's own text, tools and settings. What the agent appends is counted, never sent."""
+
+    __slots__ = ("_bodies",)
+
+    def __init__(self, cfg: ConversationConfig, model: str, rng: np.random.Generator, agent: int,
+                 tools: list[dict[str, Any]] | None, plan: ConversationPlan, speed: float = 1.0, api: str = "chat"):
+        super().__init__(cfg, model, rng, agent, tools, plan, speed, api)
+        self._bodies = [_with_model(r.body or b"{}", model) for r in plan.rounds]
+        self._round_body(0)
+
+    def _round_body(self, i: int) -> None:
+        body = self._bodies[min(i, len(self._bodies) - 1)]
+        self._pending.clear()
+        self._packed = None
+        self._body = body
+        d = orjson.loads(body)
+        msgs = d.get("messages") if isinstance(d.get("messages"), list) else []
+        self.n_messages = self._in_body = len(msgs)
+        self.tokens = prompt_tokens([m for m in msgs if isinstance(m, dict)],
+                                    d.get("tools") if isinstance(d.get("tools"), list) else None)
+
+    def append(self, message: dict[str, Any]) -> None:
+        pass  # the next round's body is the captured one
+
+    def body(self) -> bytes:
+        if self._packed is not None:
+            return super().body()
+        return self._body
+
+    def tool_results(self, assistant: dict[str, Any]) -> list[dict[str, Any]]:
+        self._round_body(self._rnd)  # round _rnd was answered: the next request is the captured next body
+        return []
+
+    def next_user_turn(self) -> None:
+        pass
+
+
+def _with_model(body: bytes, model: str) -> bytes:
+    d = orjson.loads(body)
+    if isinstance(d, dict):
+        d["model"] = model
+    return orjson.dumps(d)
