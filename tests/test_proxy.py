@@ -211,3 +211,89 @@ def test_an_upstream_that_breaks_mid_stream_is_a_break_downstream_too(tmp_path):
     assert len(recs) == 1 and recs[0]["outcome"] == "error" and recs[0]["token_chunks"] > 0, recs
     v = orjson.loads((out / "summary.json").read_bytes())["verdict"]
     assert code == 1 and v["kind"] == "disconnects", text
+
+
+anthropic = pytest.importorskip("anthropic")
+
+
+async def messages_harness(port: int, name: str, rounds: int, stop_after: int | None = None) -> int:
+    """A harness on Anthropic's own SDK (what Claude Code-style agents send): tool_use blocks answered
+    with tool_result blocks, streamed. Returns the rounds it ran."""
+    client = anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{port}", api_key=KEY, max_retries=0, timeout=30)
+    msgs: list[dict] = [{"role": "user", "content": f"Fix the failing test, {name}."}]
+    tools = [{"name": "read_file", "description": "read a file",
+              "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
+    try:
+        for rnd in range(1, rounds + 1):
+            async with client.messages.stream(model="mock-model", max_tokens=64, system=f"You are agent {name}.",
+                                              messages=msgs, tools=tools) as stream:
+                final = await stream.get_final_message()
+            uses = [b for b in final.content if b.type == "tool_use"]
+            if not uses:
+                return rnd
+            msgs.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]})
+            msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": b.id, "content": "ok " * 30}
+                                                     for b in uses]})
+            if stop_after is not None and rnd >= stop_after:
+                return rnd
+            await asyncio.sleep(0.05)
+    finally:
+        await client.close()
+    return rounds
+
+
+def test_anthropic_messages_through_the_proxy_read_as_messages_and_a_stop_is_named(mock, tmp_path):
+    out = tmp_path / "run"
+    child, port = start_proxy(mock.url, out)
+    try:
+        async def fleet():
+            return await asyncio.gather(*(messages_harness(port, f"a{i}", 6) for i in range(2)),
+                                        messages_harness(port, "stuck", 6, stop_after=1))
+        ran = asyncio.run(fleet())
+        import time
+        time.sleep(2.5)
+    finally:
+        code, text = stop_proxy(child)
+    assert ran == [5, 5, 1], ran
+    recs = [r for r in records(out) if r["kind"] == "agent"]
+    assert all(r["outcome"] == "ok" for r in recs), [r["error_msg"] for r in recs if r["outcome"] != "ok"]
+    assert sum(r["tool_calls"] for r in recs) == 4 + 4 + 1  # tool_use blocks read from the Messages stream
+    v = orjson.loads((out / "summary.json").read_bytes())["verdict"]
+    assert v["kind"] == "client_stopped" and v["first_round"] == 2, text
+
+
+def test_openai_responses_through_the_proxy_read_as_responses(mock, tmp_path):
+    out = tmp_path / "run"
+    child, port = start_proxy(mock.url, out)
+    try:
+        async def codex_like():
+            c = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=30)
+            items: list = [{"role": "user", "content": "fix it"}]
+            tools = [{"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}}]
+            calls = 0
+            try:
+                for _ in range(3):
+                    stream = await c.responses.create(model="mock-model", instructions="you are codex", input=items,
+                                                      tools=tools, stream=True)
+                    done = None
+                    async for ev in stream:
+                        if ev.type == "response.completed":
+                            done = ev.response
+                    fcs = [o for o in done.output if o.type == "function_call"]
+                    calls += len(fcs)
+                    if not fcs:
+                        break
+                    for o in fcs:
+                        items.append({"type": "function_call", "call_id": o.call_id, "name": o.name,
+                                      "arguments": o.arguments})
+                        items.append({"type": "function_call_output", "call_id": o.call_id, "output": "ok"})
+            finally:
+                await c.close()
+            return calls
+        calls = asyncio.run(codex_like())
+    finally:
+        code, text = stop_proxy(child)
+    recs = [r for r in records(out) if r["kind"] == "agent"]
+    assert [(r["agent"], r["round"]) for r in recs] == [(0, 1), (0, 2), (0, 3)]
+    assert all(r["outcome"] == "ok" for r in recs) and sum(r["tool_calls"] for r in recs) == calls == 3
+    assert code == 0, text

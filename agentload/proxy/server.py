@@ -39,6 +39,7 @@ from aiohttp import web
 from agentload.redact import add_secret, redact_bytes
 from agentload.proxy.conversations import Conversations, conversation_items
 from agentload.records import Trace
+from agentload.run import apis
 from agentload.run.agent import attempt
 from agentload.run.context import AgentState
 from agentload.tokens import prompt_tokens
@@ -166,7 +167,7 @@ class Proxy:
             os.write(self.bodies_fd, redact_bytes(line))
         try:
             rec, res = await attempt(ctx, self.session, trace, raw, url=self.url_for(request),
-                                     headers=headers, tap=tap)
+                                     headers=headers, tap=tap, stream_cls=stream_of(request.path))
         finally:
             st.trace = None
         ok = rec.outcome == "ok"
@@ -221,6 +222,15 @@ class Proxy:
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             return web.json_response({"error": {"type": "agentload_proxy", "message": f"agentload proxy: {e!r}"[:300]}},
                                      status=502, headers={"X-Agentload-Proxy": type(e).__name__})
+
+
+def stream_of(path: str) -> Any:
+    """The reader of an answer by the API its path names (the harness speaks what it speaks)."""
+    path = path.rstrip("/")
+    for api, suffix in (("messages", "/messages"), ("responses", "/responses")):
+        if path.endswith(suffix):
+            return apis.get(api).Stream
+    return apis.get("chat").Stream
 
 
 def _json_object(raw: bytes) -> dict[str, Any] | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentload.errors import drop_tracebacks
 from agentload.run.context import AgentState
@@ -104,7 +104,7 @@ def _client_gone(trace: Trace) -> Result:
 
 async def attempt(ctx: "RunContext", session, trace: Trace, body: "bytes | ConversationBody", *,
                   url: str | None = None, headers: dict[str, str] | None = None,
-                  tap: "Tap | None" = None) -> tuple[Record, Result | None]:
+                  tap: "Tap | None" = None, stream_cls: Any = None) -> tuple[Record, Result | None]:
     """Send one request under the give-up timeout; return its record (already written).
 
     `url`, `headers`, `tap` (`agentload proxy`): where it goes instead of the run's endpoint, the
@@ -123,7 +123,7 @@ async def attempt(ctx: "RunContext", session, trace: Trace, body: "bytes | Conve
     try:
         trace.timeout_cm = _GiveUp(task)
         result = await send(session, url or ctx.url, body, trace, extra_headers=headers, id_header=id_header,
-                            tap=tap, stream_cls=ctx.stream_cls)
+                            tap=tap, stream_cls=stream_cls or ctx.stream_cls)
     except TimeoutError as e:
         caught = e
         if trace.gave_up:
