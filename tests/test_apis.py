@@ -503,3 +503,36 @@ def test_endpoint_and_url_follow_the_api():
     assert api_url("http://127.0.0.1:9/v1", "responses") == "http://127.0.0.1:9/v1/responses"
     with pytest.raises(ScenarioError, match="Anthropic's Messages API"):  # a Messages URL, chat's api
         load_scenario("demo", ['target.endpoint="http://127.0.0.1:9/v1/messages"'])
+
+
+# ------------------------------------------------------------------ through a real router (smg routes all three)
+
+
+@pytest.mark.smg
+@pytest.mark.parametrize("api", ["messages", "responses"])
+def test_through_smg_each_api(tmp_path, api):
+    """smg (SGLang's model gateway) passes /v1/messages and /v1/responses on to its workers: the long-context
+    hang on one of two backends is the same server_stall in ttfb from round 4 as with chat (test_smg), and the
+    records name the backend that answered."""
+    from smgproc import SmgProcess, smg_executable
+    if smg_executable() is None:
+        pytest.skip("the `smg` executable is missing (pip install smg, or pip install -e '.[test]')")
+    good = MockProcess.start(MockConfig(decode_tokens_per_s=2000, output_tokens=16, name="good"))
+    bad = MockProcess.start(MockConfig(decode_tokens_per_s=2000, output_tokens=16, hang_above_tokens=6000,
+                                       name="bad"))
+    smg = None
+    try:
+        smg = SmgProcess.start([good.base, bad.base], tmp_path / "smg.log",
+                               ["--disable-retries", "--request-timeout-secs", "60"])
+        res = run_scenario("long-context-hang", tmp_path / "run", [f'target.endpoint="{smg.url}"', f'target.api="{api}"',
+                                                                   "canary.every_s=1.0"])
+        v = res.summary["verdict"]
+        assert (v["kind"], v["phase"], v["first_round"]) == ("server_stall", "ttfb", 4), res.text
+        recs = _agent_records(tmp_path / "run")
+        assert {r.backend for r in recs if r.outcome == "ok"} == {"good", "bad"}
+        assert all(r.server_prompt_tokens == r.prompt_tokens for r in recs if r.outcome == "ok")
+        assert bad.stats()["hung"] == len([r for r in recs if r.stalled_phase]) > 0
+    finally:
+        for p in (smg, bad, good):
+            if p is not None:
+                p.stop()
