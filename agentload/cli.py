@@ -159,11 +159,11 @@ def proxy(
 
 @app.command()
 def replay(
-    capture: Annotated[str, typer.Argument(help="A capture: an `agentload proxy` run folder, or a conversation JSONL file (one {\"messages\": [...]} a line)")],
+    capture: Annotated[str, typer.Argument(help="A capture: an `agentload proxy` run folder, a conversation JSONL file (one {\"messages\": [...]} a line), or a Mooncake-style trace (timestamp, input_length, output_length, hash_ids)")],
     scenario: Annotated[Optional[str], typer.Argument(help="Scenario for everything else: target, client, stall, mock (default: demo)")] = None,
     agents: Annotated[Optional[str], typer.Option(help="How many agents: N, or Nx (N times the captured conversations); they cycle over the conversations (default: 1x)")] = None,
     speed: Annotated[float, typer.Option(help="Think times between rounds divided by this (10: ten times faster)")] = 1.0,
-    fmt: Annotated[str, typer.Option("--format", help="'auto', 'proxy' or 'openai'")] = "auto",
+    fmt: Annotated[str, typer.Option("--format", help="'auto', 'proxy', 'openai' or 'mooncake'")] = "auto",
     endpoint: Annotated[Optional[str], typer.Option(help="OpenAI-compatible base URL; default: the scenario's, else the embedded mock")] = None,
     set_: SetOpt = None,
     out: Annotated[Optional[Path], typer.Option(help="Run folder (default: reports/<time>-replay)")] = None,
@@ -178,8 +178,8 @@ def replay(
 
     if fail_on not in ("problem", "never"):
         _fail(f"--fail-on: expected 'problem' or 'never', got {fail_on!r}")
-    if fmt not in ("auto", "proxy", "openai"):
-        _fail(f"--format: expected 'auto', 'proxy' or 'openai', got {fmt!r}")
+    if fmt not in ("auto", "proxy", "openai", "mooncake"):
+        _fail(f"--format: expected 'auto', 'proxy', 'openai' or 'mooncake', got {fmt!r}")
     if not speed > 0:
         _fail(f"--speed: expected a number > 0, got {speed:g}")
     try:
@@ -192,6 +192,8 @@ def replay(
         if not m or int(m.group(1)) < 1:
             _fail(f"--agents: expected N or Nx with N >= 1 (e.g. 100 or 10x), got {agents!r}")
         n = int(m.group(1)) * (len(plans) if m.group(2) else 1)
+    if plans[0].arrival_s is not None:  # a trace with arrival times: open loop, on its clock
+        set_ = ['agents.arrival="open"', *(set_ or [])]
     overrides = [f"replay.source={_toml_str(str(Path(capture).resolve()))}", f"replay.format={_toml_str(fmt)}",
                  f"replay.speed={speed!r}", 'conversation.mode="scripted"', f"agents.count={n}",
                  f"agents.rounds={max_rounds(plans)}", *(set_ or [])]

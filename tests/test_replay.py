@@ -164,3 +164,45 @@ def test_a_capture_with_bodies_is_replayed_verbatim_and_keeps_no_secret(tmp_path
     hidden = (text_tokens(f"my key is {KEY}, list the files") - text_tokens("my key is ***, list the files"))
     for agent, rounds in _prompts(out / "records.jsonl").items():
         assert {n: p + hidden for n, p in rounds.items()} == captured, (agent, rounds, captured)
+
+
+def _mooncake(path: Path) -> Path:
+    # two products: three requests share blocks [11, 12] (1,024 tokens), three share [21]; 0.2 s apart
+    lines = [{"timestamp": 1000 + 200 * k, "input_length": 1100 + 40 * k, "output_length": 4 + k,
+              "hash_ids": ([11, 12] if k % 2 == 0 else [21, 22 + k]) + [100 + k]} for k in range(6)]
+    return _write(path, lines)
+
+
+def test_mooncake_trace_lines_are_one_round_conversations_at_their_times(tmp_path):
+    plans = load_plans(str(_mooncake(tmp_path / "trace.jsonl")))
+    assert [p.arrival_s for p in plans] == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert [p.rounds[0].prompt_tokens for p in plans] == [1100 + 40 * k for k in range(6)]
+    assert plans[0].blocks == (11, 12, 100) and plans[0].output_tokens == 4
+    bad = _write(tmp_path / "bad.jsonl", [{"timestamp": 0, "input_length": 10, "hash_ids": ["x"]}])
+    with pytest.raises(UserError, match="line 1: hash_ids: expected a list of whole numbers"):
+        load_plans(str(bad))
+
+
+@pytest.mark.slow
+def test_a_mooncake_trace_replayed_keeps_arrivals_sizes_and_shared_prefixes(tmp_path):
+    trace = _mooncake(tmp_path / "trace.jsonl")
+    mock = MockProcess.start(MockConfig(prefix_cache_tokens=100_000, prefix_block_tokens=16, output_tokens=64,
+                                        decode_tokens_per_s=4000))
+    try:
+        out = tmp_path / "replay"
+        r = cli("replay", str(trace), "--speed", "2", "--endpoint", mock.url, "--out", str(out), "--no-live",
+                "--set", "canary.every_s=0", timeout=300)
+    finally:
+        mock.stop()
+    assert r.returncode == 0, r.stdout + r.stderr
+    recs = sorted((orjson.loads(x) for x in (out / "records.jsonl").read_bytes().splitlines()),
+                  key=lambda d: d["agent"])
+    assert [d["prompt_tokens"] for d in recs] == [1100 + 40 * k for k in range(6)]
+    # each started on the trace's clock at double speed: 0.1 s apart (late by the loop at most a little)
+    starts = [d["t"]["intended"] for d in recs]
+    assert all(abs((b - a) / 1e9 - 0.1) < 0.01 for a, b in zip(starts, starts[1:])), starts
+    # output_length became each request's max_tokens
+    assert [d["output_tokens"] for d in recs] == [4 + k for k in range(6)]
+    # later requests of each product find the blocks they share with earlier ones in the prefix cache:
+    # [11, 12] (two 512-token blocks) for the first product, [21] for the second; the first of each none
+    assert [d["cached_tokens"] or 0 for d in recs] == [0, 0, 1024, 512, 1024, 512]

@@ -159,8 +159,7 @@ class Conversation:
         lat, ut = cfg.tool_latency_ms, cfg.user_tokens
         self._latency_s = lat.sample(rng) / 1000.0 if lat.kind == "constant" else None
         self._user_tokens = max(1, ut.sample_int(rng)) if ut.kind == "constant" else None
-        sys_text = synthetic_text(rng, cfg.system_tokens.sample_int(rng))
-        user_text = synthetic_text(rng, max(1, cfg.user_tokens.sample_int(rng)))
+        sys_text, user_texts = self.opening(rng)
         system = {"role": "system", "content": sys_text}
         if self._enc is None:
             head += b"," + mod.ITEMS  # '{...,"messages":[' + the messages, comma-separated + ']}'
@@ -173,7 +172,14 @@ class Conversation:
         self._body = head + b"]}"
         if self._enc is None:
             self.append(system)
-        self.append({"role": "user", "content": user_text})
+        for text in user_texts:
+            self.append({"role": "user", "content": text})
+
+    def opening(self, rng: np.random.Generator) -> tuple[str, list[str]]:
+        """The system prompt and the first user turn(s): the agent's own text (a replayed trace with
+        shared prefixes: its blocks', `agentload.run.replay`)."""
+        sys_text = synthetic_text(rng, self.cfg.system_tokens.sample_int(rng))
+        return sys_text, [synthetic_text(rng, max(1, self.cfg.user_tokens.sample_int(rng)))]
 
     def append(self, message: dict[str, Any]) -> None:
         self._pending.append(orjson.dumps(message) if self._enc is None else message)

@@ -47,6 +47,14 @@ class RoundPlan:
 class ConversationPlan:
     name: str  # where it came from: "conversation 3" of a proxy capture, "line 7" of a JSONL file
     rounds: tuple[RoundPlan, ...]
+    # a Mooncake-style trace: when it arrived (s after the trace's first request), its prompt's prefix
+    # blocks (requests with the same leading ids share that prefix), and its output length
+    arrival_s: float | None = None
+    blocks: tuple[int, ...] = ()
+    output_tokens: int | None = None
+
+
+MOONCAKE_BLOCK_TOKENS = 512  # the block size of Mooncake's published traces' hash_ids
 
 
 def load_plans(source: str, fmt: str = "auto") -> list[ConversationPlan]:
@@ -57,9 +65,11 @@ def load_plans(source: str, fmt: str = "auto") -> list[ConversationPlan]:
         raise UserError(f"{source}: replay.source: expected a capture (a proxy run folder, its records.jsonl, "
                         f"or a conversation JSONL file), no such file or folder")
     if fmt == "auto":
-        fmt = "proxy" if path.is_dir() or path.name.startswith("records") else "openai"
+        fmt = "proxy" if path.is_dir() or path.name.startswith("records") else _sniff(path)
     if fmt == "proxy":
         plans = _from_proxy(path / "records.jsonl" if path.is_dir() else path)
+    elif fmt == "mooncake":
+        plans = _from_mooncake(path)
     else:
         plans = _from_openai(path)
     if not plans:
@@ -114,6 +124,62 @@ def _bodies(path: Path) -> dict[str, bytes]:
             raise UserError(f"{path}: line {i}: expected {{\"request_id\": ..., \"body\": {{...}}}} as "
                             f"`agentload proxy --capture-bodies` writes it") from None
     return out
+
+
+def _sniff(path: Path) -> str:
+    """A JSONL file's format by its first object: Mooncake's trace lines carry input_length / hash_ids."""
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.strip():
+                    d = orjson.loads(line)
+                    return "mooncake" if isinstance(d, dict) and ("hash_ids" in d or "input_length" in d) else "openai"
+    except (OSError, orjson.JSONDecodeError):
+        pass
+    return "openai"
+
+
+def _from_mooncake(path: Path) -> list[ConversationPlan]:
+    """Mooncake-style trace lines: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (the
+    prompt's 512-token blocks: equal leading ids, a shared prefix). Each line a one-round conversation
+    arriving at its time."""
+    plans = []
+    t0 = None
+    for i, line in enumerate(path.read_bytes().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = orjson.loads(line)
+        except orjson.JSONDecodeError as e:
+            raise UserError(f"{path}: line {i}: expected one JSON object a line ({e})") from None
+        if not isinstance(d, dict):
+            raise UserError(f"{path}: line {i}: expected a JSON object")
+        for key in ("timestamp", "input_length"):
+            v = d.get(key)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+                raise UserError(f"{path}: line {i}: {key}: expected a number >= 0, got {v!r}")
+        ids = d.get("hash_ids") or []
+        if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
+            raise UserError(f"{path}: line {i}: hash_ids: expected a list of whole numbers")
+        out = d.get("output_length")
+        if out is not None and (not isinstance(out, int) or isinstance(out, bool) or out < 1):
+            raise UserError(f"{path}: line {i}: output_length: expected a whole number >= 1, got {out!r}")
+        t0 = d["timestamp"] if t0 is None else t0
+        plans.append(ConversationPlan(f"line {i}", (RoundPlan(int(d["input_length"]), 0, None),),
+                                      arrival_s=(d["timestamp"] - t0) / 1000.0, blocks=tuple(ids), output_tokens=out))
+    return plans
+
+
+def arrival_of(plans: list[ConversationPlan], agent: int) -> float | None:
+    """When agent `agent` starts (s after the first), for a trace with arrival times: the plans
+    cycled, each cycle after the trace's span."""
+    n = len(plans)
+    p = plans[agent % n]
+    if p.arrival_s is None:
+        return None
+    span = max(q.arrival_s or 0.0 for q in plans)
+    step = span / max(1, n - 1) if n > 1 else 1.0
+    return p.arrival_s + (agent // n) * (span + step)
 
 
 def _from_openai(path: Path) -> list[ConversationPlan]:
@@ -183,18 +249,42 @@ class ReplayConversation(Conversation):
 
     def __init__(self, cfg: ConversationConfig, model: str, rng: np.random.Generator, agent: int,
                  tools: list[dict[str, Any]] | None, plan: ConversationPlan, speed: float = 1.0, api: str = "chat"):
+        self.plan = plan  # (before Conversation's __init__: system_text reads it)
         first = plan.rounds[0].prompt_tokens
-        tools = _fitting_tools(tools or [], first - 2 * TOKENS_PER_MESSAGE - 2)
+        if plan.output_tokens:
+            cfg = dataclasses.replace(cfg, max_tokens=plan.output_tokens)
+        # a trace of single requests (Mooncake) offers no tools: its prompts are text, answered with text
+        tools = [] if plan.arrival_s is not None else _fitting_tools(tools or [], first - 2 * TOKENS_PER_MESSAGE - 2)
         tools_tokens = text_tokens(orjson.dumps(tools).decode()) if tools else 0
         user = max(1, min(cfg.user_tokens.sample_int(rng), first - tools_tokens - 2 * TOKENS_PER_MESSAGE))
         system = max(0, first - tools_tokens - 2 * TOKENS_PER_MESSAGE - user)
         super().__init__(dataclasses.replace(cfg, system_tokens=const(system), user_tokens=const(user)), model, rng,
                          agent, tools, api)
-        self.plan = plan
         self.speed = speed
         self.last_round = len(plan.rounds)
         self._rnd = 1
         self._default_latency = cfg.tool_latency_ms
+
+    def opening(self, rng: np.random.Generator) -> tuple[str, list[str]]:
+        """With prefix blocks (a Mooncake trace): one message per block, each block's text drawn from its
+        id (the same id, the same text in every agent: a prefix cache keyed by message or by token block
+        finds it), each message weighing a block with its overhead, the last one cut to the prompt's
+        size; else the agent's own text."""
+        blocks = self.plan.blocks
+        if not blocks:
+            return super().opening(rng)
+        left = self.plan.rounds[0].prompt_tokens - self._tools_tokens
+        per = MOONCAKE_BLOCK_TOKENS - TOKENS_PER_MESSAGE
+        texts: list[str] = []
+        for block in blocks:
+            if left <= TOKENS_PER_MESSAGE:
+                break
+            n = min(per, left - TOKENS_PER_MESSAGE)
+            texts.append(" ".join(synthetic_text(np.random.default_rng(block), per).split(" ")[:n]))
+            left -= n + TOKENS_PER_MESSAGE
+        if left > TOKENS_PER_MESSAGE or len(texts) < 2:  # prompt beyond its blocks: the rest the agent's own
+            texts.append(synthetic_text(rng, max(1, left - TOKENS_PER_MESSAGE)))
+        return texts[0], texts[1:]
 
     def scripted_assistant(self, round_no: int) -> dict[str, Any]:
         self._rnd = round_no

@@ -56,7 +56,7 @@ from agentload.run.sampler import Sampler
 from agentload.run.snapshot import TimeGrid, follow, scan, scan_sliced, stall_tick
 from agentload.run.conversation import Conversation, tool_schemas
 from agentload.run.observers import start_observers
-from agentload.run.replay import load_plans
+from agentload.run.replay import arrival_of, load_plans
 from agentload.records import RecordWriter, Trace
 from agentload.run.scenario import Scenario, const
 
@@ -305,8 +305,12 @@ async def _arrivals(ctx: RunContext, tasks: set[asyncio.Task]) -> None:
     for i in range(a.count):
         if ctx.stopping:
             return
-        gap = (rng.expovariate(a.rate_per_s) if a.rate_dist == "poisson" else 1.0 / a.rate_per_s)
-        due += int(gap * 1e9)
+        at = arrival_of(ctx.replay_plans, i) if ctx.replay_plans else None
+        if at is not None:  # a replayed trace: its own arrival times (/ replay.speed)
+            due = loop_start + int(at / sc.replay.speed * 1e9)
+        else:
+            gap = (rng.expovariate(a.rate_per_s) if a.rate_dist == "poisson" else 1.0 / a.rate_per_s)
+            due += int(gap * 1e9)
         if i % workers != mine:  # every worker draws the whole schedule, and starts its own agents
             continue
         # a loop timer may fire up to its clock resolution early: never start before the intended time

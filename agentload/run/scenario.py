@@ -409,7 +409,9 @@ class ReplayConfig:
     # a capture: an `agentload proxy` run folder (or its records.jsonl), or an OpenAI-style
     # conversation JSONL file (one conversation a line: `messages`, optional `tools`)
     source: Optional[str] = setting(None, Opt(Text("a path to a capture", nonblank=True, one_line=True)))
-    format: Literal["auto", "proxy", "openai"] = "auto"  # auto: a folder or records.jsonl is a proxy capture
+    # auto: a folder or records.jsonl is a proxy capture; a JSONL file whose lines carry input_length /
+    # hash_ids is a Mooncake-style trace (arrival times, shared prefix blocks), any other an openai one
+    format: Literal["auto", "proxy", "openai", "mooncake"] = "auto"
     speed: float = setting(1.0, Number(0, above=True))  # think times between rounds divided by this
 
 
