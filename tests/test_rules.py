@@ -825,6 +825,20 @@ def test_pool_queueing_outside_a_hang_below_the_rules_threshold_is_no_finding():
     assert kinds(run) == ["server_stall"]
 
 
+def test_a_pool_judgement_that_fails_leaves_the_stall_standing(monkeypatch):
+    import agentload.analysis.verdict as verdict
+
+    def broken(*a, **kw):
+        raise RuntimeError("second pass failed")
+
+    monkeypatch.setattr(verdict, "PoolApart", broken)
+    run = pool_soak(rounds=range(1, 6))
+    run.stalled(0, 6, "ttfb", at_ms=6000, held_ms=15_000)
+    v = diagnose(run.data())
+    assert kinds(run) == ["server_stall", "agentload_error"], kinds(run)  # never a pass, never hiding the stall
+    assert "could not compute the client_pool rule (RuntimeError: second pass failed)" in v["secondary"][0]["summary"]
+
+
 def test_server_errors_and_a_pool_too_small_are_both_findings():
     run = pool_soak(rounds=range(1, 6))
     for a in range(3):

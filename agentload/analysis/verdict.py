@@ -783,7 +783,10 @@ def rule_server_stall(f: Facts) -> Finding | None:
     if thr is not None:
         summary += f", every request at or above {thr:,} prompt tokens stalled"
     queued_agents = {r.agent for r in behind + behind_timeouts} - affected
-    pool = f.pool  # the pool's own finding, beside this one
+    try:
+        pool = f.pool  # the pool's own finding, beside this one
+    except Exception:  # the pool rule reports its own failure (agentload_error); the stall still stands
+        pool = None
     if pool is None:
         if not queued_agents:
             summary += "; the client pool is not the cause"
