@@ -33,7 +33,8 @@ class Trace:
                  "prompt_tokens", "t", "reused", "chunks", "token_chunks", "comments", "last_token",
                  "max_gap", "max_gap_at", "stalled_phase", "stalled_at", "gave_up", "timeout_cm",
                  "bytes_in", "server_first_token_ns", "bad_events", "id_sent", "conversation", "body", "idle_ns",
-                 "first_output")
+                 "first_output",
+                 "token_reads", "server")
 
     def __init__(self, kind: str, agent: int, round_: int, call: int, request_id: str,
                  messages: int, prompt_bytes: int, prompt_tokens: int, intended: int | None = None,
@@ -68,6 +69,8 @@ class Trace:
         self.body: Any = None  # the request's body while it connects (the transport may park it)
         self.idle_ns: int | None = None  # a reused connection: how long it sat idle in the pool before this request
         self.first_output: str | None = None  # what the first token was: text, tool or reasoning
+        self.token_reads = 0  # network reads that carried at least one token (set by the read path)
+        self.server: str | None = None  # the response's Server header
 
     def phase(self) -> str:
         """The phase the request is in now."""
@@ -107,7 +110,7 @@ class Record:
     chunks: int
     token_chunks: int
     comments: int  # SSE comment lines such as ": ping" (bytes, not progress)
-    max_gap_ns: int  # largest gap between two token chunks
+    max_gap_ns: int  # largest gap between two token chunks (a cut body: also its silence before the cut)
     max_gap_at: int  # stamp of the chunk that ended that gap
     t: dict[str, int] = field(default_factory=dict)
     # The server's perf_counter_ns when it sent the first token, where the server stamps it
@@ -141,6 +144,13 @@ class Record:
     # What the first output was (the one that stamped first_token): "text", "tool" (a tool call's name
     # or arguments) or "reasoning" (thinking); None: no output came.
     first_output: str | None = None
+    # Network reads that carried at least one token: token_chunks / token_reads is how many token
+    # chunks came in one read (a buffering proxy delivers a whole answer, or ~4 KB, at once).
+    # 0: not known (a record written before it was counted) or no token.
+    token_reads: int = 0
+    # The response's `Server` header (its first 100 characters): which layer answered (a proxy's
+    # 504 or 503 says `nginx/1.22.1`, the mock `Python/3.x aiohttp/3.x`). None: none sent, no response.
+    server: str | None = None
 
     @classmethod
     def from_trace(cls, run: str, tr: Trace, *, outcome: str, status: int | None = None,
@@ -154,7 +164,8 @@ class Record:
                      output_tokens, status, outcome, error, error_msg, tr.stalled_phase, tr.reused,
                      finish_reason, tool_calls, tr.chunks, tr.token_chunks, tr.comments,
                      tr.max_gap, tr.max_gap_at, dict(tr.t), tr.server_first_token_ns, tr.bad_events,
-                     tr.id_sent, backend, cached_tokens, tr.conversation, None, tr.idle_ns, tr.first_output)
+                     tr.id_sent, backend, cached_tokens, tr.conversation, None, tr.idle_ns, tr.first_output,
+                     tr.token_reads, tr.server)
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
@@ -190,7 +201,7 @@ def _builder() -> Any:
 
 _build = _builder()
 _OPTIONAL = frozenset({"server_first_token_ns", "bad_events", "id_sent", "backend", "cached_tokens",
-                       "conversation", "shard", "idle_ns", "first_output"})
+                       "conversation", "shard", "idle_ns", "first_output", "token_reads", "server"})
 
 
 class RecordWriter:

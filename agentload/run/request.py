@@ -341,6 +341,7 @@ class SSEBody:
                     cs = self.cs
                     had = cs.token_chunks
                     if cs.add_many(payloads) & TOKEN:
+                        trace.token_reads += 1
                         if had:  # (`_tokens`, written out: the path of nearly every read)
                             gap = now - trace.last_token
                             if gap > trace.max_gap:
@@ -381,8 +382,22 @@ class SSEBody:
         cs = self.cs
         had = cs.token_chunks
         if (cs.add(payload) if kind == DATA else cs.add_error_event(payload)) & TOKEN:
+            if not had or now != self.trace.last_token:  # the read's first event with a token
+                self.trace.token_reads += 1
             self._tokens(had, now)  # (a read's second token: a gap of 0, nothing changes)
         # ERROR | DONE: keep reading to EOF so the connection goes back to the pool cleanly
+
+    def cut(self) -> None:
+        """The body ended in a failure (cut, reset, timed out): its silence since the last token (or
+        since its first byte, or its headers) counts in its largest gap, ending at `end`."""
+        now = _now()
+        trace = self.trace
+        t = self.t
+        last = trace.last_token or t.get("first_byte") or t.get("headers")
+        if last and now - last > trace.max_gap:
+            trace.max_gap = now - last
+            trace.max_gap_at = now
+        t.setdefault("end", now)
 
     def sync(self) -> None:
         """Copy the stream's counts to the trace (at the end of the body, also a cut one)."""
@@ -467,6 +482,9 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | Con
         cm = session.post(url, data=body, headers=headers, trace_request_ctx=trace, timeout=tm)
     async with cm as resp:
         status = resp.status
+        server = resp.headers.get("Server")
+        if server:
+            trace.server = server[:100]
         if "headers" not in t:  # (stamped by the on_request_end signal where TraceConfig stamps)
             t["headers"] = _now()
         if "sent" not in t:  # a request without a body, or headers before its body was through
@@ -504,6 +522,7 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | Con
             trace.bad_events = cs.bad_json
             if cs.error is None and cs.not_completion is None and cs.token_chunks:
                 t["first_token"] = now
+                trace.token_reads = 1
                 trace.last_token = now
                 trace.server_first_token_ns = server_stamp(raw)
                 trace.first_output = cs.first_kind
@@ -545,11 +564,17 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | Con
                 # the answer had ended ([DONE]) when the body was cut (llama-cpp-python's
                 # interrupt_requests): judge the answer, not the transport's complaint
                 cut = True
+        except Exception:  # the body was cut (a proxy's timeout, a reset, a read timeout)
+            reader.cut()
+            raise
         finally:  # also when the read fails or is given up: what was counted so far is kept
             reader.sync()
         cs = reader.finish()
-        t["end"] = _now()
         error, msg = _stream_verdict(cs, trace)
+        if error == "incomplete_stream":  # the body ended mid-answer: cut, as above
+            reader.cut()
+        else:
+            t["end"] = _now()
         if cut and msg:
             msg += "; then the server closed the connection without ending the chunked body"
         return Result(status, cs, error, msg)
