@@ -58,12 +58,16 @@ class RunBuilder:
             finish_reason: str | None = "tool_calls", status: int | None = 200, backend: str | None = None,
             cached_tokens: int | None = None, conversation: int = 0, id_sent: str | None = None,
             at_ms: float | None = None, held_ms: float | None = None, idle_ms: float | None = None,
-            tool_calls: int | None = None, proxied: bool = False) -> Record:
+            tool_calls: int | None = None, proxied: bool = False, token_chunks: int | None = None,
+            token_reads: int = 0, server: str | None = None, max_gap_ms: float = 0.0,
+            sent_ms: float = 0.1) -> Record:
         """One request whose phases last as given; a None phase (and every one after it) never happened.
         `at_ms`: its start (ms on the records' clock, t0 = 0), else right after the previous one.
         `held_ms`: a request that did not complete ends this long after its last stamp (a hang: the
         time it held its connection with no progress), else 1 ms after it. `proxied`: a request of
-        `agentload proxy` (the harness's leg: `down_start` 0.1 ms before `start`, `down_end` at `end`)."""
+        `agentload proxy` (the harness's leg: `down_start` 0.1 ms before `start`, `down_end` at `end`).
+        `token_chunks` (4 by default when a token came), `token_reads`, `server` (its Server header),
+        `max_gap_ms` (its largest gap, ending at its end); `sent_ms`: the send's duration."""
         t: dict[str, int] = {}
         now = self.clock if at_ms is None else int(at_ms * MS)
         t["start"] = now
@@ -76,7 +80,7 @@ class RunBuilder:
             now += int(connect_ms * MS)
             t["conn_end"] = now
             reused = False
-        for key, dur in (("sent", 0.1), ("headers", ttfb_ms), ("first_token", ttft_ms), ("end", stream_ms)):
+        for key, dur in (("sent", sent_ms), ("headers", ttfb_ms), ("first_token", ttft_ms), ("end", stream_ms)):
             if dur is None:
                 break
             now += int(dur * MS)
@@ -91,14 +95,19 @@ class RunBuilder:
             extra.update(backend=backend, cached_tokens=cached_tokens, conversation=conversation, id_sent=id_sent)
         if idle_ms is not None:  # a reused connection's idle time in the pool
             extra["idle_ns"] = int(idle_ms * MS)
+        if token_reads or server is not None:
+            extra.update(token_reads=token_reads, server=server)
+        if token_chunks is None:
+            token_chunks = 4 if "first_token" in t else 0
         rec = Record(v=RECORD_VERSION, run="synthetic", kind=kind, agent=agent, round=rnd, call=call,
                      request_id=f"synthetic-a{agent}-k{conversation}-r{rnd}-c{call}" if conversation else
                      f"synthetic-a{agent}-r{rnd}-c{call}", messages=2 * rnd, prompt_bytes=400 * rnd,
                      prompt_tokens=prompt_tokens if prompt_tokens is not None else 100 * rnd,
                      server_prompt_tokens=None, output_tokens=7, status=status, outcome=outcome, error=error,
                      error_msg=error_msg, stalled_phase=stalled_phase, reused=reused, finish_reason=finish_reason,
-                     tool_calls=(1 if outcome == "ok" else 0) if tool_calls is None else tool_calls, chunks=5, token_chunks=4 if "first_token" in t else 0,
-                     comments=comments, max_gap_ns=0, max_gap_at=0, t=t, **extra)
+                     tool_calls=(1 if outcome == "ok" else 0) if tool_calls is None else tool_calls,
+                     chunks=token_chunks + 1, token_chunks=token_chunks, comments=comments,
+                     max_gap_ns=int(max_gap_ms * MS), max_gap_at=t["end"] if max_gap_ms else 0, t=t, **extra)
         self.records.append(rec)
         return rec
 

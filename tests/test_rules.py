@@ -528,6 +528,53 @@ def test_slow_canaries_say_slow_for_everyone():
     assert "over stall.after_s (5 s) too" in text
 
 
+def _slow_server(after_s: float = 10.0, canary_gap_ms: float = 2100, agent_stream_ms: float = 16_000,
+                 stalled: bool = False) -> RunBuilder:
+    """A server at ~0.44 token chunks/s for everyone: agents' answers of 8 chunks take 16 s; two
+    canaries (max_tokens 8) time out at canary.timeout_s = 10 s with 5 chunks each."""
+    run = RunBuilder(agents=2, rounds=2, after_s=after_s)
+    run.meta["scenario"]["canary"] = {"timeout_s": 10.0, "max_tokens": 8}
+    for rnd in (1, 2):
+        for a in range(2):
+            run.ok(a, rnd, ttfb_ms=1, ttft_ms=40, stream_ms=agent_stream_ms, token_chunks=8, token_reads=8,
+                   max_gap_ms=2300, stalled_phase="stream" if stalled else None, prompt_tokens=1000 * rnd + a)
+    for i in range(2):
+        run.add(-1, 1, kind="canary", call=i, outcome="error", error="total_timeout", error_msg="total_timeout",
+                ttfb_ms=1, ttft_ms=10, stream_ms=9_990, token_chunks=5, token_reads=5, max_gap_ms=canary_gap_ms,
+                at_ms=1_000 + 11_000 * i)
+    return run
+
+
+def test_canaries_timed_out_behind_a_server_slow_for_everyone_are_its_evidence():
+    v = diagnose(_slow_server().data())
+    assert v["kind"] == "server_slow" and v["agents_stopped"] == 0, v
+    assert "slow for everyone" in v["summary"] and "2 of 2 canaries timed out behind the same slowness" in v["summary"]
+    assert v["phase"] == "stream"
+    ev = " ".join(v["evidence"])
+    assert "while their tokens were still arriving" in ev and "canary.timeout_s = 10 s" in ev, ev
+    assert "~16." in ev  # a canary's 8 tokens at the agents' pace
+    assert not [s for s in v["secondary"] if s["kind"] == "canary_failures"], v["secondary"]
+
+
+def test_canaries_that_time_out_while_the_agents_are_quick_are_a_finding_of_their_own():
+    v = diagnose(_slow_server(agent_stream_ms=14).data())  # agents: 2 ms a token chunk
+    assert v["kind"] == "canary_failures", v
+
+
+def test_a_canary_that_stopped_getting_tokens_is_hung_not_slow():
+    v = diagnose(_slow_server(canary_gap_ms=9_500).data())  # silent for 9.5 s of its 10
+    assert v["kind"] == "canary_failures", v
+
+
+def test_a_slow_server_with_a_short_stall_after_s_says_slow_for_everyone_not_not_answering():
+    v = diagnose(_slow_server(after_s=1.0, stalled=True).data())
+    assert v["kind"] == "server_slow" and "but all finished" in v["summary"], v
+    ev = "\n".join(v["evidence"])
+    assert "not answering anyone" not in ev and "slow for everyone" in ev, ev
+    assert "0 request(s) of that size or larger completed" not in ev, ev
+    assert "no request completed without it at any size" in ev, ev
+
+
 # ------------------------------------------------------------------ no_tool_calls (mode model)
 
 

@@ -135,3 +135,27 @@ def test_killed_while_hung_still_names_round_and_phase(tmp_path):
     v = orjson.loads((out / "summary.json").read_bytes())["verdict"]
     assert v["kind"] == "server_stall" and v["phase"] == "ttfb" and v["first_round"] == 4, v
     assert "killed" in v["summary"]
+
+
+SLOW_FOR_EVERYONE = ["mock.decode_tokens_per_s=1", "mock.output_tokens=4", "agents.count=3", "agents.rounds=2",
+                     "canary.every_s=1", "canary.timeout_s=3", "canary.max_tokens=8"]
+
+
+@pytest.mark.parametrize("after_s", [5.0, 0.5])
+def test_a_server_slow_for_everyone_is_server_slow_with_the_canaries_as_its_evidence(tmp_path, after_s):
+    """A token a second for everyone: an agent's answer takes seconds, a canary's 8 tokens outlast its
+    canary.timeout_s (3 s). The canaries timed out behind the same slowness: the verdict says the server
+    is slow for everyone, never `canary_failures`, and never that it is "not answering anyone". With
+    stall.after_s = 5 no gap is a stall; with 0.5 every gap is one, and every request finished."""
+    res = run_scenario("healthy", tmp_path, [*SLOW_FOR_EVERYONE, f"stall.after_s={after_s}"])
+    v = res.summary["verdict"]
+    assert v["kind"] == "server_slow", res.text
+    kinds = [v["kind"]] + [s["kind"] for s in v["secondary"]]
+    assert "canary_failures" not in kinds, res.text
+    ev = "\n".join(v["evidence"])
+    assert "not answering anyone" not in ev and "0 request(s) of that size or larger completed" not in ev, ev
+    assert "timed out at canary.timeout_s = 3 s while their tokens were still arriving" in ev, ev
+    if after_s == 5.0:
+        assert "slow for everyone" in v["summary"] and v["agents_stopped"] == 0, v
+    else:
+        assert "but all finished" in v["summary"] and "the server is slow for everyone" in ev, ev

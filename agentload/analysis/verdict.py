@@ -49,7 +49,7 @@ class Kind(str, Enum):
     AGENTLOAD_ERROR = "agentload_error"  # an agent or a background task of agentload crashed
     CLIENT_SATURATED = "client_saturated"  # agentload's own event loop lagged: its timings are suspect
     SERVER_STALL = "server_stall"  # requests made no progress past the pool, and did not all finish
-    SERVER_SLOW = "server_slow"  # requests made no progress for a while, but all finished
+    SERVER_SLOW = "server_slow"  # requests made no progress for a while (or were slow for everyone), but finished
     SERVER_QUEUE = "server_queue"  # requests waited for headers while the server served at most N others
     CLIENT_POOL = "client_pool"  # time lost waiting for a connection from the client's pool
     CONNECT = "connect"  # connections could not be opened
@@ -93,6 +93,11 @@ POOL_BEYOND_HELD = 2.0
 DISCONNECT_ERRORS = {"ServerDisconnectedError", "ClientOSError", "ClientPayloadError",
                      "ClientConnectionResetError", "incomplete_stream", "ConnectionResetError"}
 CONNECT_ERRORS = {"connect_timeout", "ClientConnectorError", "ClientConnectorDNSError", "ConnectionRefusedError"}
+# a request that ran out of time on agentload's side (aiohttp's total or read timeout)
+TIMEOUT_ERRORS = {"total_timeout", "read_timeout", "ServerTimeoutError"}
+# canaries timed out "behind the same slowness" as the agents when, at the agents' own pace, a
+# canary's answer takes at least this share of canary.timeout_s
+SLOW_CANARY_SHARE = 0.5
 # answers that came back but were not what the protocol says (see agentload.run.request)
 PROTOCOL_ERRORS = {"not_a_stream", "bad_response", "malformed_stream", "empty_stream", "no_finish_reason",
                    "bad_tool_call"}
@@ -176,6 +181,16 @@ class AgentTally:
                 and 0 < self.last_round < max_rounds)
 
 
+def token_pace_ns(r: Record) -> int | None:
+    """The time one token chunk took after the first, over the answer (its end less its first
+    token, over the chunks after the first): None under two token chunks."""
+    n = r.token_chunks
+    t = r.t
+    if n < 2 or "first_token" not in t or "end" not in t:
+        return None
+    return (t["end"] - t["first_token"]) // (n - 1)
+
+
 def _troubled(r: Record) -> bool:
     """A request the verdict may quote: it stalled, did not complete, or carried malformed events."""
     return bool(r.stalled_phase) or r.outcome != "ok" or bool(getattr(r, "bad_events", 0))
@@ -205,6 +220,10 @@ class FactsAccumulator:
         self.ttfb_ok = SparseHistogram()
         self.to_token = SparseHistogram()
         self.timing = SparseHistogram()  # first token seen - the server's own send stamp, where it sent one
+        # completed answers (stalled on the way or not): sent -> first token, and the time a token
+        # chunk took after the first (the server's pace as every agent met it)
+        self.ok_to_token = SparseHistogram()
+        self.pace = SparseHistogram()
         self.waited = Waited()
         self.troubled: list[Record] = []  # in the requests' order, once closed
         self.min_start: int | None = None  # the first start and the last end of any request (canaries too)
@@ -270,6 +289,13 @@ class FactsAccumulator:
             ns = phase_ns(t, "ttfb")
             if ns is not None:
                 self.ttfb_ok.record_ns(ns)
+            ft = t.get("first_token")
+            if ft is not None:
+                if "sent" in t:
+                    self.ok_to_token.record_ns(ft - t["sent"])
+                pace = token_pace_ns(r)
+                if pace is not None:
+                    self.pace.record_ns(pace)
         if r.server_first_token_ns is not None and "first_token" in t:
             self.timing.record_ns(t["first_token"] - r.server_first_token_ns)
         if ok and not r.stalled_phase:  # fine
@@ -682,6 +708,9 @@ def _threshold_evidence(failed: list[Record], fine: SizeCounts, verb: str) -> tu
     if not above_ok and below is not None:
         return (f"every request at or above {lo:,} prompt tokens {verb} ({len(failed)}), none below "
                 f"(largest that completed: {below:,} tokens)"), lo
+    if not fine.counts:  # nothing went right at any size: size tells nothing
+        return (f"{verb} prompts {lo:,}-{hi:,} tokens; no request completed without it at any size, so size "
+                f"does not explain it"), None
     return (f"{verb} prompts {lo:,}-{hi:,} tokens; {above_ok:,} request(s) of that size or "
             f"larger completed, so size alone does not explain it"), None
 
@@ -713,6 +742,55 @@ def _fmt_phase_counts(c: Counter) -> str:
     return ", ".join(f"{k} {ph}: {n}" for (k, ph), n in out.items())
 
 
+@dataclass
+class SlowCanaries:
+    """Canaries that timed out behind the slowness every agent met: not a failure of their own."""
+
+    how: str  # what they did, in a clause ("they timed out at canary.timeout_s = 10 s while ...")
+    need_ms: float  # what a canary's answer takes at the agents' pace
+    pace_ms: float  # the agents' time a token chunk (p50)
+    to_token_ms: float  # the agents' sent -> first token (p50)
+
+
+def slow_canaries(f: Facts, failed: list[Record]) -> SlowCanaries | None:
+    """Did `failed` (canaries) time out behind the same slowness as the agents? Each ran out of
+    canary.timeout_s (a timeout of agentload's, not an error of the server's) either while its tokens
+    were still coming (no gap as long as four of the agents' own) or, with no token, while the agents waited as long for
+    theirs; and at the agents' own pace (their completed answers) a canary's answer takes at least
+    SLOW_CANARY_SHARE of canary.timeout_s. None otherwise."""
+    cfg = f.scenario.get("canary") or {}
+    timeout_s = cfg.get("timeout_s")
+    if not failed or not timeout_s or any(c.error not in TIMEOUT_ERRORS for c in failed):
+        return None
+    pace, to_token = pct_ms(f.acc.pace, 50), pct_ms(f.acc.ok_to_token, 50)
+    if to_token is None:
+        return None
+    timeout_ms = timeout_s * 1000.0
+    tokens = int(cfg.get("max_tokens") or 1)
+    need = to_token + (tokens - 1) * (pace or 0.0)
+    if need < SLOW_CANARY_SHARE * timeout_ms:
+        return None
+    # a gap of four of the agents' own (or of stall.after_s, when theirs are unknown): it stopped getting tokens
+    hung_ns = 4e6 * pace if pace else f.after_s * 1e9
+    got = [c for c in failed if "first_token" in c.t]
+    for c in got:
+        if c.max_gap_ns >= hung_ns:  # hung, not slow
+            return None
+    if len(got) < len(failed) and to_token < 0.8 * timeout_ms:  # no token, and the agents got theirs sooner
+        return None
+    how = f"{len(failed)} timed out at canary.timeout_s = {timeout_s:g} s"
+    if got:
+        paces = [p for p in (token_pace_ns(c) for c in got) if p is not None]
+        how += (f" while their tokens were still arriving ({sum(c.token_chunks for c in got)} token chunk(s) in "
+                f"{len(got)} of them" + (f", one every {_dur(quantile_ms(paces, 50))}" if paces else "") + ")")
+    else:
+        how += " before their first token"
+    how += (f", as slow as the agents' answers (first token after {_dur(to_token)}"
+            + (f", then one token chunk every {_dur(pace)} ({1000.0 / pace:.2g}/s)" if pace else "")
+            + f" at p50: a canary's {tokens} token(s) would take ~{_dur(need)})")
+    return SlowCanaries(how, need, pace or 0.0, to_token)
+
+
 def canary_evidence(f: Facts, t0: int) -> list[str]:
     """What the canaries (a fresh connection, a short prompt, every canary.every_s) saw from t0 on.
     A canary the run cut short at its end is neither a success nor a failure."""
@@ -724,7 +802,10 @@ def canary_evidence(f: Facts, t0: int) -> list[str]:
     quick = med is not None and med < f.after_s * 1000
     text = (f"canaries (fresh connection, short prompt) sent after the first stalled request: "
             f"{ok}/{during} succeeded" + (f", median {_dur(med)}" if med is not None else ""))
-    if not ok:
+    slow = slow_canaries(f, failed)
+    if slow is not None:
+        text += f": {slow.how}: the server is slow for everyone, not only for these agents"
+    elif not ok:
         text += ": the server is not answering anyone"
     elif len(failed) * 2 > during:
         text += ": most canaries failed too, so the server is failing for everyone, not only for these agents"
@@ -735,7 +816,7 @@ def canary_evidence(f: Facts, t0: int) -> list[str]:
         text += ": the server is up and the hang depends on the agents' state"
     else:
         text += ": most canaries got through quickly, so the hang depends mostly on the agents' state"
-    if failed:
+    if failed and slow is None:
         timeout = (f.scenario.get("canary") or {}).get("timeout_s")
         text += (f"; failed: {fmt_counts(Counter(c.error or c.outcome for c in failed))}"
                  + (f" (a canary gives up at its own canary.timeout_s = {timeout:g} s)" if timeout else ""))
@@ -1357,6 +1438,9 @@ def rule_canary_failures(f: Facts) -> Finding | None:
         return None
     sent = f.canary.sent()
     timeout = (f.scenario.get("canary") or {}).get("timeout_s")
+    slow = slow_canaries(f, failed)
+    if slow is not None:  # they timed out behind the slowness every agent met: that is the finding
+        return _slow_for_everyone(f, slow, failed, sent)
     fnd = Finding(Kind.CANARY_FAILURES,
                   f"canaries failed{' outside the server stall' if w is not None else ''}: {len(failed)} of {sent} "
                   f"(fresh connection, short prompt) "
@@ -1364,6 +1448,24 @@ def rule_canary_failures(f: Facts) -> Finding | None:
                   phase_at(failed[0].t, failed[0].reused))
     fnd.evidence.append(f"sample message: {failed[0].error_msg}"
                         + (f" (a canary gives up at its own canary.timeout_s = {timeout:g} s)" if timeout else ""))
+    return fnd
+
+
+def _slow_for_everyone(f: Facts, slow: SlowCanaries, failed: list[Record], sent: int) -> Finding:
+    """The server answered every agent, slowly (no gap of stall.after_s), and the canaries ran out of
+    their own canary.timeout_s behind the same slowness."""
+    e50 = pct_ms(f.acc.e2e_ok, 50)
+    stream = slow.need_ms - slow.to_token_ms
+    fnd = Finding(Kind.SERVER_SLOW,
+                  f"server slow for everyone: answers took {_dur(e50)} at p50 (first token after "
+                  f"{_dur(slow.to_token_ms)}, then a token chunk every {_dur(slow.pace_ms)}"
+                  + (f" ({1000.0 / slow.pace_ms:.2g}/s)" if slow.pace_ms else "") + f"); {len(failed)} of {sent} "
+                  f"canaries timed out behind the same slowness",
+                  "stream" if stream >= slow.to_token_ms else "ttft", None, len(f.agents), 0)
+    fnd.evidence.append(f"canaries (fresh connection, short prompt): {slow.how}; they are this slowness' "
+                        f"evidence, not a failure of their own")
+    fnd.evidence.append(f"every agent request that completed did so with no gap of stall.after_s "
+                        f"({f.after_s:g} s): slow, not hung ({f.fine} of {f.requests} completed without a stall)")
     return fnd
 
 
