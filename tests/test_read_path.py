@@ -448,3 +448,60 @@ def test_old_records_without_the_server_stamp_still_load(tmp_path):
     loaded = load_records(tmp_path / "records.jsonl")
     assert loaded.torn_lines == 0 and loaded.records[0].server_first_token_ns is None
     assert loaded.records[0] == rec
+
+
+async def test_token_reads_count_reads_and_a_burst_is_one_read(monkeypatch):
+    """Tokens paced 30 ms apart come one read each; a whole answer written at once is one read, on
+    both read paths; the response's Server header is kept."""
+    tokens = [chunk({"content": f"t{i}"}) for i in range(6)]
+    end = [chunk({}, "stop"), DONE]
+
+    async def paced(request):
+        resp = aiohttp.web.StreamResponse(headers={"Content-Type": "text/event-stream", "Server": "paced/1.0"})
+        await resp.prepare(request)
+        for ev in tokens:
+            await resp.write(ev.encode())
+            await asyncio.sleep(0.03)
+        for ev in end:
+            await resp.write(ev.encode())
+        await resp.write_eof()
+        return resp
+
+    async def burst(request):
+        resp = aiohttp.web.StreamResponse(headers={"Content-Type": "text/event-stream", "Server": "nginx/1.22.1"})
+        await resp.prepare(request)
+        await resp.write("".join(tokens + end).encode())
+        await resp.write_eof()
+        return resp
+
+    client = ClientConfig(read_timeout_s=10, total_timeout_s=20)
+    for handler, reads, server in ((paced, 6, "paced/1.0"), (burst, 1, "nginx/1.22.1")):
+        with FakeServer(handler) as srv:
+            for sink in (True, False):
+                res, trace = await _send(srv.url, PLAIN, client, sink, monkeypatch)
+                assert res.error is None and trace.token_chunks == 6, (res, sink)
+                assert trace.token_reads == reads and trace.server == server, (trace.token_reads, trace.server, sink)
+
+
+async def test_a_cut_streams_silence_before_the_cut_counts_in_its_largest_gap(monkeypatch):
+    """Two tokens, then 0.6 s of silence, then the connection is cut mid-body (as a proxy's read
+    timeout does): the largest gap is that silence, ending at the request's end."""
+
+    async def handler(request):
+        resp = aiohttp.web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(2):
+            await resp.write(chunk({"content": f"t{i}"}).encode())
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.6)
+        request.transport.close()  # no last chunk: the chunked body is cut
+        return resp
+
+    client = ClientConfig(read_timeout_s=10, total_timeout_s=20)
+    with FakeServer(handler) as srv:
+        for sink in (True, False):
+            res, trace = await _send(srv.url, PLAIN, client, sink, monkeypatch)
+            assert res.error == "ClientPayloadError", (res, sink)
+            assert trace.token_chunks == 2
+            assert 550e6 <= trace.max_gap <= 5e9, trace.max_gap
+            assert trace.max_gap_at == trace.t["end"]
