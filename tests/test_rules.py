@@ -1042,3 +1042,116 @@ def test_a_stall_at_the_server_is_not_a_client_stop():
     run.meta["t_end_ns"] = int(30_000 * MS)
     v = diagnose(run.data())
     assert v["kind"] == "server_stall" and all(s["kind"] != "client_stopped" for s in v["secondary"]), v
+
+
+# ------------------------------------------------------------------ what sits between: proxies
+
+NGINX_504 = ("<html> <head><title>504 Gateway Time-out</title></head> <body> <center><h1>504 Gateway Time-out</h1>"
+             "</center> <hr><center>nginx/1.22.1</center> </body> </html>")
+NGINX_503 = NGINX_504.replace("504 Gateway Time-out", "503 Service Temporarily Unavailable")
+HAPROXY_504 = "<html><body><h1>504 Gateway Time-out</h1> The server didn't respond in time. </body></html> "
+
+
+def _behind_a_proxy_timeout(durations_ms: list[float], error: str = "http_504", server: str | None = "nginx/1.22.1",
+                            body: str = NGINX_504) -> RunBuilder:
+    """Two agents answered in round 1 through nginx; in round 2 each request failed after `durations_ms`."""
+    run = RunBuilder(agents=len(durations_ms), rounds=2)
+    for a in range(len(durations_ms)):
+        run.ok(a, 1, server=server)
+    for a, d in enumerate(durations_ms):
+        if error.startswith("http_"):
+            run.error(a, 2, error, ttfb_ms=d, error_msg=body, server=server)
+        else:  # a stream cut after two tokens and a silence of d - 100 ms
+            run.error(a, 2, error, ttfb_ms=5, ttft_ms=50, stream_ms=d - 55, max_gap_ms=d - 100, server=server,
+                      error_msg="Response payload is not completed")
+    return run
+
+
+def test_504s_that_all_ended_at_one_duration_are_a_proxy_timeout_naming_the_proxy():
+    v = diagnose(_behind_a_proxy_timeout([3001.2, 3004.8, 3000.9, 3008.0]).data())
+    assert v["kind"] == "proxy_timeout" and v["phase"] == "ttfb" and v["first_round"] == 2, v
+    assert "ended 3.00 s after send" in v["summary"] and "by nginx/1.22.1" in v["summary"], v["summary"]
+    assert "the hang is the server's" in v["summary"]
+    ev = "\n".join(v["evidence"])
+    assert "3.001-3.008 s after send (within 7 ms of each other" in ev, ev
+    assert "Server: nginx/1.22.1" in ev and "504 Gateway Time-out" in ev and "proxy_read_timeout" in ev, ev
+    # the same failures are not told again as server errors
+    assert "server_errors" not in [s["kind"] for s in v["secondary"]], v["secondary"]
+
+
+def test_haproxys_504_page_names_haproxy_without_a_server_header():
+    v = diagnose(_behind_a_proxy_timeout([3001, 3002, 3013], server=None, body=HAPROXY_504).data())
+    assert v["kind"] == "proxy_timeout" and "by haproxy" in v["summary"], v
+
+
+def test_streams_cut_after_the_same_silence_are_a_proxy_timeout_in_stream():
+    v = diagnose(_behind_a_proxy_timeout([3000, 3010, 3004], error="ClientPayloadError").data())
+    assert v["kind"] == "proxy_timeout" and v["phase"] == "stream", v
+    assert "stream(s) cut by nginx/1.22.1" in v["summary"], v["summary"]
+    assert any("before the cut" in e for e in v["evidence"]), v["evidence"]
+    assert "disconnects" not in [s["kind"] for s in v["secondary"]]
+
+
+def test_failures_at_different_durations_or_quick_ones_are_not_a_proxy_timeout():
+    assert diagnose(_behind_a_proxy_timeout([3000, 4100, 5200, 900]).data())["kind"] == "server_errors"
+    assert diagnose(_behind_a_proxy_timeout([120, 121, 122]).data())["kind"] == "server_errors"  # too short
+    # streams cut while tokens still flowed (no silence before the cut): the other side closed them
+    run = RunBuilder(agents=3, rounds=1)
+    for a in range(3):
+        run.error(a, 1, "ClientPayloadError", ttfb_ms=5, ttft_ms=50, stream_ms=2945, max_gap_ms=20)
+    assert diagnose(run.data())["kind"] == "disconnects"
+
+
+def _limit_in_front(refusals: int = 4, inflight: int = 2, server: str | None = "nginx/1.22.1") -> RunBuilder:
+    """`inflight` long answers on the wire from 0 to ~1 s; meanwhile `refusals` requests refused with
+    503 in 1 ms, each while those were in flight."""
+    run = RunBuilder(agents=inflight + refusals, rounds=1)
+    for a in range(inflight):
+        run.ok(a, 1, at_ms=0, ttfb_ms=5, ttft_ms=20, stream_ms=1000, server=server)
+    for i in range(refusals):
+        run.error(inflight + i, 1, "http_503", at_ms=100 + 150 * i, ttfb_ms=1, error_msg=NGINX_503, server=server)
+    return run
+
+
+def test_quick_503s_always_at_the_same_load_are_a_concurrency_limit_in_front():
+    v = diagnose(_limit_in_front().data())
+    assert v["kind"] == "concurrency_limit" and v["phase"] == "ttfb", v
+    assert "each while 2 other request(s) were in flight" in v["summary"] and "by nginx/1.22.1" in v["summary"]
+    ev = "\n".join(v["evidence"])
+    assert "in flight at each refusal: 2: 4" in ev and "limit_conn" in ev and "503 Service" in ev, ev
+    assert "server_errors" not in [s["kind"] for s in v["secondary"]]
+
+
+def test_503s_with_nothing_else_in_flight_are_the_servers_errors():
+    assert diagnose(_limit_in_front(inflight=0).data())["kind"] == "server_errors"
+    # at different loads: no limit
+    run = _limit_in_front(refusals=2)
+    run.error(9, 1, "http_503", at_ms=5_000, ttfb_ms=1, error_msg=NGINX_503)  # nothing else in flight then
+    assert diagnose(run.data())["kind"] == "server_errors"
+
+
+def _buffered(reads: int, wait_ms: float, answers: int = 4, chunks: int = 12) -> RunBuilder:
+    run = RunBuilder(agents=answers, rounds=1)
+    for a in range(answers):
+        run.ok(a, 1, ttfb_ms=wait_ms, ttft_ms=0.05, stream_ms=0.1 if reads == 1 else wait_ms * (reads - 1),
+               token_chunks=chunks, token_reads=reads, server="nginx/1.22.1")
+    return run
+
+
+def test_answers_that_came_all_at_once_after_a_wait_are_a_buffered_stream():
+    v = diagnose(_buffered(reads=1, wait_ms=500).data())
+    assert v["kind"] == "buffered_stream" and v["agents_stopped"] == 0 and v["phase"] == "ttfb", v
+    assert v["summary"].startswith("a buffering proxy? 4 of 4 answers came in bursts (12 token chunks a read")
+    ev = "\n".join(v["evidence"])
+    assert "proxy_buffering off" in ev and "X-Accel-Buffering: no" in ev and "nginx/1.22.1 x4" in ev, ev
+    v = diagnose(_buffered(reads=3, wait_ms=400).data())  # three 4 KB bursts 400 ms apart
+    assert v["kind"] == "buffered_stream", v
+
+
+def test_paced_tokens_or_a_quick_burst_are_healthy():
+    assert diagnose(_buffered(reads=12, wait_ms=500).data())["kind"] == "healthy"  # one token a read
+    assert diagnose(_buffered(reads=1, wait_ms=40).data())["kind"] == "healthy"  # a fast server's burst
+    assert diagnose(_buffered(reads=1, wait_ms=500, chunks=5).data())["kind"] == "healthy"  # too short to tell
+    run = _buffered(reads=1, wait_ms=500, answers=1)
+    run.agents_done(range(1, 4), range(1, 2))  # one burst among paced answers
+    assert diagnose(run.data())["kind"] == "healthy"

@@ -36,6 +36,9 @@ from agentload.analysis.stats import SparseHistogram, band_ranges, fmt_dur as _d
 from agentload.analysis.tallies import CanaryTally, FirstSeenCounts, ReuseTally, SizeCounts, Spans
 from agentload.analysis.router import MIN_NAMED_BACKENDS, attribute, backend_evidence, router_inflight
 from agentload.analysis.target_evidence import engine_queue_evidence, router_evidence, target_evidence
+from agentload.analysis.proxies import (BURST_CHUNKS_PER_READ, BURST_MIN_CHUNKS, BURST_MIN_WAIT_MS, REFUSED_WITHIN_MS,
+                                        AdmissionLimit, BurstTally, FixedTimeout, admission_limit, fixed_timeout,
+                                        inflight_at, quick_refusals, who_answered)
 
 if TYPE_CHECKING:
     from agentload.records.rundir import RunData
@@ -61,6 +64,9 @@ class Kind(str, Enum):
     CANARY_FAILURES = "canary_failures"  # canaries failed while no agent finding explains it
     ROUTER_LEAK = "router_leak"  # the router still counts requests in flight after every one of agentload's ended
     CLIENT_STOPPED = "client_stopped"  # agentload proxy: a conversation got its answer, the harness never sent the next round
+    PROXY_TIMEOUT = "proxy_timeout"  # failures ended at one fixed duration: a timeout in front of a server that hung
+    CONCURRENCY_LIMIT = "concurrency_limit"  # quick 503s whenever N requests were in flight: a limit in front
+    BUFFERED_STREAM = "buffered_stream"  # tokens came in bursts after long waits: a buffering proxy, timings distorted
 
 
 # event-loop lag at which agentload's own timings stop meaning much (a 100,000-agent run on 2 shared
@@ -224,6 +230,8 @@ class FactsAccumulator:
         # chunk took after the first (the server's pace as every agent met it)
         self.ok_to_token = SparseHistogram()
         self.pace = SparseHistogram()
+        self.ok_servers: Counter = Counter()  # the Server headers of completed answers (the first 5 kinds)
+        self.bursts = BurstTally()  # answers whose tokens came in bursts (a buffering proxy)
         self.waited = Waited()
         self.troubled: list[Record] = []  # in the requests' order, once closed
         self.min_start: int | None = None  # the first start and the last end of any request (canaries too)
@@ -289,6 +297,10 @@ class FactsAccumulator:
             ns = phase_ns(t, "ttfb")
             if ns is not None:
                 self.ttfb_ok.record_ns(ns)
+            srv = r.server
+            if srv is not None and (srv in self.ok_servers or len(self.ok_servers) < 5):
+                self.ok_servers[srv] += 1
+            self.bursts.add(r)
             ft = t.get("first_token")
             if ft is not None:
                 if "sent" in t:
@@ -621,6 +633,34 @@ class Facts:
     def pool(self) -> "PoolJudgement | None":
         """The pool rule's judgement, on the requests no stall explains (None: the pool is not a finding)."""
         return judge_pool(self)
+
+    @cached_property
+    def proxy_timeout(self) -> FixedTimeout | None:
+        """Failures that ended at one fixed duration: a timeout in front of the server (see proxies)."""
+        return fixed_timeout(self.errors)
+
+    @cached_property
+    def refusals(self) -> list[Record]:
+        """503s answered before any work (within REFUSED_WITHIN_MS of the send)."""
+        return quick_refusals(self.errors)
+
+    @cached_property
+    def admission(self) -> AdmissionLimit | None:
+        """A concurrency limit in front: the requests in flight at every quick refusal (one more
+        streamed pass over the records, only when there are such refusals)."""
+        if len(self.refusals) < 2:
+            return None
+        return admission_limit(inflight_at(self.data, self.refusals))
+
+    def explained(self) -> set[int]:
+        """ids of the failures a layer in front explains (a proxy's timeout, a concurrency limit):
+        the error rules leave them to those rules."""
+        out = set()
+        if self.proxy_timeout is not None:
+            out |= self.proxy_timeout.ids
+        if self.admission is not None:
+            out |= {id(r) for r in self.refusals}
+        return out
 
     @cached_property
     def pool_wait_ms(self) -> tuple[float | None, float | None]:
@@ -1120,10 +1160,97 @@ def rule_connect(f: Facts) -> Finding | None:
     return fnd
 
 
+def rule_proxy_timeout(f: Facts) -> Finding | None:
+    """Failures (a 504 or 502/503/408, or a stream cut after a silence) that all ended at one fixed
+    duration after their send (or after their last token): a timeout in front of the server (nginx's
+    proxy_read_timeout, haproxy's timeout server) ended requests the server had not answered. The
+    hang is the server's; the layer that ended it is named by its Server header and error page."""
+    ft = f.proxy_timeout
+    if ft is None:
+        return None
+    recs = ft.records
+    who = who_answered(recs, f.acc.ok_servers)
+    layer = who.name()
+    classes = Counter(r.error for r in recs)
+    http = sum(n for e, n in classes.items() if is_server_error(e))
+    cut = len(recs) - http
+    what = " and ".join(x for x in (
+        (f"{http} answered {', '.join(sorted({e.removeprefix('http_') for e in classes if is_server_error(e)}))}"
+         if http else ""),
+        f"{cut} stream(s) cut" if cut else "") if x)
+    after = " or ".join(f"after {how}" for how, _ in ft.after.most_common())
+    by = f" by {layer}" if layer else ""
+    summary = (f"proxy timeout: {len(recs)} of {f.requests} requests ended {ft.seconds:.2f} s {after} ({what}{by}): "
+               f"a fixed timeout of {ft.seconds:.1f} s " + ("in front of the server" if layer else
+                                                            "between agentload and the server (or the server's own)")
+               + f" ended requests the server had not answered; the hang is the server's")
+    phase = "ttfb" if http >= cut else ("stream" if any("first_token" in r.t for r in recs) else "ttft")
+    fnd = _error_finding(f, Kind.PROXY_TIMEOUT, recs, summary, phase)
+    ev = fnd.evidence
+    ev.append(f"they ended {ft.lo_ms / 1000:.3f}-{ft.hi_ms / 1000:.3f} s {after} (within "
+              f"{ft.hi_ms - ft.lo_ms:.0f} ms of each other; {len(recs)} of the {ft.candidates} 5xx answers and cut "
+              f"streams): a timer, not the server's own answers ({fmt_counts(classes)})")
+    if layer is None and not http:  # cut streams that name nobody
+        line = (f"the layer that cut them names itself nowhere: {who.how()}, as on the answers that went through: "
+                f"a proxy that passes the server's header on (haproxy does), or the server itself")
+    else:
+        line = f"the layer that ended them: {who.how()}"
+        if who.differs and f.acc.ok_servers:
+            line += f"; the answers that went through carried Server: {', '.join(f.acc.ok_servers)}"
+        sample = next((r.error_msg for r in recs if is_server_error(r.error) and r.error_msg), None)
+        if sample:
+            line += f"; its answer: {sample[:160]}"
+    ev.append(line)
+    if http >= cut:
+        silent = f"no response header in those {ft.seconds:.1f} s"
+    else:
+        gaps = sorted(r.max_gap_ns for r in recs if r.max_gap_at == r.t.get("end"))
+        silent = f"nothing for {gaps[len(gaps) // 2] / 1e9:.2f} s (p50) before the cut (the largest gap of each)"
+    ev.append(f"the server behind it sent {silent}: the hang is the server's, the "
+              f"proxy only ended it (nginx: proxy_read_timeout; haproxy: timeout server); a stall.after_s below "
+              f"{ft.seconds:.1f} s (now {f.after_s:g} s) shows the hang itself, with its round and phase")
+    if ft.candidates > len(recs):
+        ev.append(f"{ft.candidates - len(recs)} other 5xx answer(s) or cut stream(s) ended at other durations")
+    return fnd
+
+
+def rule_concurrency_limit(f: Facts) -> Finding | None:
+    """503s answered within REFUSED_WITHIN_MS of the send, each while the same number N of other
+    requests was in flight (never fewer): a limit of N concurrent requests in front of the server
+    (nginx's limit_conn) refused the rest before the server saw them."""
+    lim = f.admission
+    if lim is None:
+        return None
+    recs = f.refusals
+    who = who_answered(recs, f.acc.ok_servers)
+    layer = who.name()
+    quick = max(r.t["headers"] - r.t["sent"] for r in recs) / 1e6
+    fnd = _error_finding(
+        f, Kind.CONCURRENCY_LIMIT, recs,
+        f"concurrency limit in front of the server: {len(recs)} of {f.requests} requests were refused with 503 "
+        f"within {_dur(quick)} of their send" + (f" by {layer}" if layer else "")
+        + f", each while {lim.limit} other request(s) were in flight (never fewer): a limit of {lim.limit} "
+          f"concurrent request(s) refuses the rest before the server sees them", "ttfb")
+    ev = fnd.evidence
+    ev.append(f"requests in flight at each refusal: " + ", ".join(f"{k}: {n}" for k, n in sorted(lim.spread.items()))
+              + f" ({lim.at_limit} of {lim.counted} refusals at exactly {lim.limit}); a server's own errors "
+                f"come whatever the load, these only at the limit")
+    line = f"the layer that refused them: {who.how()}"
+    if who.differs and f.acc.ok_servers:
+        line += f"; the answers that went through carried Server: {', '.join(f.acc.ok_servers)}"
+    if who.sample:
+        line += f"; its answer: {who.sample[:160]}"
+    ev.append(line)
+    ev.append(f"raise the limit in front (nginx: limit_conn; haproxy: maxconn on the server line), or send at most "
+              f"{lim.limit} at once (client.limit = {lim.limit} queues the rest in agentload's pool)")
+    return fnd
+
+
 def rule_disconnects(f: Facts) -> Finding | None:
     """The other side closed the connection. A POST lost on a stale keep-alive connection is not
     retried by aiohttp: every one is an agent request that failed for nothing."""
-    errs = [r for r in f.errors_apart if r.error in DISCONNECT_ERRORS]
+    explained = f.explained()
+    errs = [r for r in f.errors_apart if r.error in DISCONNECT_ERRORS and id(r) not in explained]
     if not errs:
         return None
     stale = failed_reuses(errs)
@@ -1192,7 +1319,8 @@ def stale_reuse_evidence(f: Facts, stale: list[Record]) -> list[str]:
 
 
 def rule_server_errors(f: Facts) -> Finding | None:
-    errs = [r for r in f.errors_apart if is_server_error(r.error)]
+    explained = f.explained()
+    errs = [r for r in f.errors_apart if is_server_error(r.error) and id(r) not in explained]
     if not errs:
         return None
     by_round = Counter(r.round for r in errs)
@@ -1469,6 +1597,45 @@ def _slow_for_everyone(f: Facts, slow: SlowCanaries, failed: list[Record], sent:
     return fnd
 
 
+def rule_buffered_stream(f: Facts) -> Finding | None:
+    """Tokens came many to a read after long waits (or all at once): a proxy that buffers the stream
+    (nginx's default proxy_buffering on) held what the server sent. Every agent got its answers, but
+    ttfb/ttft hold the server's whole generation and the token pace cannot be read: not healthy."""
+    b = f.acc.bursts
+    if not b.found():
+        return None
+    per = sorted(b.per_read)
+    waits = percentiles_ms(_hist(b.waits), (50, 99)) or {}
+    named = [s for s in b.servers if s != "(none)"]
+    fnd = Finding(Kind.BUFFERED_STREAM,
+                  f"a buffering proxy? {b.bursty} of {b.eligible} answers came in bursts ({per[len(per) // 2]:.0f} "
+                  f"token chunks a read at p50, all at once in {b.one_read}) after waits of {_dur(waits.get(50))} "
+                  f"(p50): something between the server and agentload held the stream; ttfb and ttft include the "
+                  f"server's generation, and its token pace cannot be read", "ttfb", b.first_round, len(b.agents), 0)
+    ev = fnd.evidence
+    ev.append(f"rule: answers of {BURST_MIN_CHUNKS}+ token chunks whose chunks came {BURST_CHUNKS_PER_READ:g}+ to a "
+              f"read, each read {BURST_MIN_WAIT_MS:g} ms or more after the one before (or the send); here "
+              f"{b.bursty} of {b.eligible}, chunks a read {per[0]:.0f}-{per[-1]:.0f}, send -> first token p50 "
+              f"{_dur(waits.get(50))}, p99 {_dur(waits.get(99))}")
+    if b.held:
+        held = percentiles_ms(_hist(b.held), (50,)) or {}
+        ev.append(f"the server's own send stamp: it sent the first token {_dur(held.get(50))} (p50) before "
+                  f"agentload read it, in {b.stamped} of these answers: held on the way, not late at the server")
+    if named:
+        ev.append("their Server header: " + ", ".join(f"{s} x{n}" for s, n in b.servers.most_common()))
+    ev.append("the fix, where a proxy sits in front: nginx `proxy_buffering off;` (with `proxy_http_version 1.1; "
+              "proxy_set_header Connection \"\";`), or the server's `X-Accel-Buffering: no` header; haproxy: "
+              "`option http-no-delay`; other proxies: turn response buffering off for text/event-stream")
+    return fnd
+
+
+def _hist(ns: list[int]) -> SparseHistogram:
+    h = SparseHistogram()
+    for v in ns:
+        h.record_ns(v)
+    return h
+
+
 def rule_router_leak(f: Facts) -> Finding | None:
     """The router still counts requests in flight (its own gauge, at its last scrape) after every
     one of agentload's requests ended: its accounting leaked, and a load-aware policy sees a worker
@@ -1508,12 +1675,15 @@ RULES: list[Callable[[Facts], Finding | None]] = [
     rule_server_stall,
     rule_client_pool,
     rule_connect,
+    rule_proxy_timeout,
+    rule_concurrency_limit,
     rule_disconnects,
     rule_server_errors,
     rule_bad_responses,
     rule_other_errors,
     rule_no_tool_calls,
     rule_client_stopped,
+    rule_buffered_stream,
     rule_canary_failures,
     rule_router_leak,
     rule_killed_while_stalled,
