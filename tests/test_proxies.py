@@ -71,7 +71,8 @@ def test_a_proxy_timeout_in_front_of_a_hang_names_the_proxy_and_the_servers_hang
     res, v, recs = _run(tmp_path, proxy)
     failed = [r for r in recs if r.outcome == "error"]
     assert failed and all(r.error == "http_504" for r in failed), [(r.error, r.error_msg) for r in failed][:3]
-    assert all(2.0 <= (r.t["headers"] - r.t["sent"]) / 1e9 < 2.1 for r in failed)
+    took = sorted((r.t["headers"] - r.t["sent"]) / 1e9 for r in failed)  # (a busy machine fires a timer late)
+    assert took[0] >= 2.0 and took[len(took) // 2] < 2.1 and took[-1] < 2.5, took
     assert v["kind"] == "proxy_timeout" and v["phase"] == "ttfb", res.text
     name = "nginx/1.22" if cls is NginxProcess else "haproxy"
     assert f"ended 2.0" in v["summary"] and "after send" in v["summary"] and f"by {name}" in v["summary"], v["summary"]
@@ -153,3 +154,13 @@ def test_a_correctly_configured_proxy_in_front_of_a_healthy_server_is_healthy(tm
     assert recs and all(r.outcome == "ok" for r in recs)
     assert sum(r.token_reads for r in recs) >= 0.5 * sum(r.token_chunks for r in recs), \
         [(r.token_chunks, r.token_reads) for r in recs][:5]
+
+
+def test_a_hang_seen_as_a_stall_before_the_proxys_timeout_names_the_proxy_that_ended_it(tmp_path, behind):
+    """stall.after_s (1 s) shorter than nginx's proxy_read_timeout (3 s): the hang is a server stall in
+    ttfb (the verdict the server earns), and its evidence names nginx's 504 at 3.0 s that ended it."""
+    proxy, _ = behind(NginxProcess, HANG, location="proxy_read_timeout 3s; " + SSE_LOCATION)
+    res, v, recs = _run(tmp_path, proxy, "stall.after_s=1", "agents.error_retries=0")
+    assert v["kind"] == "server_stall" and v["phase"] == "ttfb", res.text
+    assert any("ended 3.0" in e and "by nginx/1.22" in e and "proxy_read_timeout" in e for e in v["evidence"]), \
+        v["evidence"]

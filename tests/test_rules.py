@@ -1155,3 +1155,42 @@ def test_paced_tokens_or_a_quick_burst_are_healthy():
     run = _buffered(reads=1, wait_ms=500, answers=1)
     run.agents_done(range(1, 4), range(1, 2))  # one burst among paced answers
     assert diagnose(run.data())["kind"] == "healthy"
+
+
+def test_server_errors_say_whether_a_proxy_or_the_server_answered_them():
+    run = RunBuilder(agents=2, rounds=2)
+    for a in range(2):
+        run.ok(a, 1, server="nginx/1.22.1")
+        run.error(a, 2, "http_502", ttfb_ms=2, server="nginx/1.22.1",
+                  error_msg=NGINX_504.replace("504 Gateway Time-out", "502 Bad Gateway"))
+    v = diagnose(run.data())
+    assert v["kind"] == "server_errors", v
+    assert any(e.startswith("these errors came from nginx/1.22.1 in front of the server") for e in v["evidence"]), v
+    run = RunBuilder(agents=2, rounds=2)
+    for a in range(2):
+        run.ok(a, 1, server="uvicorn")
+        run.error(a, 2, "http_500", ttfb_ms=2, server="uvicorn", error_msg='{"error": {"message": "boom"}}')
+    v = diagnose(run.data())
+    assert any(e.startswith("these errors came from the server itself") for e in v["evidence"]), v
+
+
+def test_a_stall_that_a_proxy_ended_later_names_the_proxys_timeout():
+    """stall.after_s (5 s) shorter than the proxy's timeout (60 s): the stall leads, and its evidence
+    says nginx ended those requests at 60 s."""
+    run = RunBuilder(agents=3, rounds=2)
+    for a in range(3):
+        run.ok(a, 1, server="nginx/1.22.1")
+        run.error(a, 2, "http_504", ttfb_ms=60_000 + a, stalled_phase="ttfb", error_msg=NGINX_504,
+                  server="nginx/1.22.1")
+    v = diagnose(run.data())
+    assert v["kind"] == "server_stall" and v["phase"] == "ttfb", v
+    assert any("3 of those ended 60.00 s after send" in e and "by nginx/1.22.1" in e for e in v["evidence"]), \
+        v["evidence"]
+
+
+def test_a_timer_that_fired_late_on_a_busy_machine_still_counts_but_never_early():
+    v = diagnose(_behind_a_proxy_timeout([2001, 2002, 2003, 2180]).data())
+    assert v["kind"] == "proxy_timeout" and "4 of" in v["summary"] and not v["secondary"], v
+    v = diagnose(_behind_a_proxy_timeout([2001, 2002, 2003, 2004, 1700]).data())  # 300 ms early: not it
+    assert v["kind"] == "proxy_timeout" and "4 of" in v["summary"], v
+    assert [s["kind"] for s in v["secondary"]] == ["server_errors"], v["secondary"]

@@ -36,6 +36,8 @@ CUT_ERRORS = {"ServerDisconnectedError", "ClientOSError", "ClientPayloadError", 
 FIXED_TIMEOUT_MIN_S = 0.5  # shorter than this, a common duration is an answer, not a timeout
 FIXED_TIMEOUT_TOL_MS = 100.0  # "the same duration": within this (timer granularity, a busy proxy or machine) ...
 FIXED_TIMEOUT_TOL_SHARE = 0.03  # ... or this share of it, whichever is larger
+FIXED_TIMEOUT_LATE_MS = 250.0  # a timer fires late on a busy machine, never early: members may be this late ...
+FIXED_TIMEOUT_LATE_SHARE = 0.1  # ... or this share of the duration, whichever is larger
 FIXED_TIMEOUT_SHARE = 0.8  # at least this share of the candidate failures ended at it
 FIXED_TIMEOUT_SEARCH = 1000  # candidates the common duration is looked for among (all are counted)
 
@@ -76,14 +78,14 @@ def _silence_before_end(r: Record) -> int | None:
     return None
 
 
-def timeout_candidates(errors: Iterable[Record]) -> list[tuple[Record, list[tuple[int, str]]]]:
+def timeout_candidates(errors: Iterable[Record], stalled: bool = False) -> list[tuple[Record, list[tuple[int, str]]]]:
     """Each failure that a timeout in front could have ended, with the durations it could have ended
     at: an HTTP 502/503/504/408 (send -> its headers), a stream cut after a silence of at least half
-    its time (send -> end, and the silence). A stalled request is the stall rule's."""
+    its time (send -> end, and the silence). A stalled request is the stall rule's (`stalled`: take them)."""
     out = []
     for r in errors:
         t = r.t
-        if r.stalled_phase or "sent" not in t or "end" not in t:
+        if (r.stalled_phase and not stalled) or "sent" not in t or "end" not in t:
             continue
         if r.error in TIMEOUT_STATUSES:
             out.append((r, [(t.get("headers", t["end"]) - t["sent"], "send")]))
@@ -100,10 +102,10 @@ def _tol(ns: float) -> float:
     return max(FIXED_TIMEOUT_TOL_MS * 1e6, FIXED_TIMEOUT_TOL_SHARE * ns)
 
 
-def fixed_timeout(errors: Iterable[Record]) -> FixedTimeout | None:
+def fixed_timeout(errors: Iterable[Record], stalled: bool = False) -> FixedTimeout | None:
     """The common duration most candidate failures ended at, when at least FIXED_TIMEOUT_SHARE of
-    them (and two or more) did, and it is FIXED_TIMEOUT_MIN_S or longer."""
-    cands = timeout_candidates(errors)
+    them (and two or more) did, and it is FIXED_TIMEOUT_MIN_S or longer (`stalled`: stalled ones too)."""
+    cands = timeout_candidates(errors, stalled)
     if len(cands) < 2:
         return None
     vals = sorted((v, i) for i, (_, vs) in enumerate(cands[:FIXED_TIMEOUT_SEARCH]) for v, _ in vs)
@@ -119,11 +121,12 @@ def fixed_timeout(errors: Iterable[Record]) -> FixedTimeout | None:
     if best < 2:
         return None
     tol = _tol(centre)
+    late = max(tol, FIXED_TIMEOUT_LATE_MS * 1e6, FIXED_TIMEOUT_LATE_SHARE * centre)
     matched: list[Record] = []
     ended: list[int] = []
     after: Counter = Counter()
     for r, vs in cands:
-        hit = next(((v, how) for v, how in vs if abs(v - centre) <= tol), None)
+        hit = next(((v, how) for v, how in vs if -tol <= v - centre <= late), None)
         if hit is not None:
             matched.append(r)
             ended.append(hit[0])
@@ -139,7 +142,9 @@ def fixed_timeout(errors: Iterable[Record]) -> FixedTimeout | None:
 
 _SIGNATURES = (  # (what an error body or Server header says, the layer it names)
     ("nginx", "nginx"),
-    ("the server didn't respond in time", "haproxy"),  # haproxy's own 504 page
+    ("the server didn't respond in time", "haproxy"),  # haproxy's own 504, 503 and 502 pages
+    ("no server is available to handle this request", "haproxy"),
+    ("the server returned an invalid or incomplete response", "haproxy"),
     ("haproxy", "haproxy"),
     ("upstream request timeout", "envoy"),
     ("upstream connect error", "envoy"),

@@ -966,6 +966,14 @@ def rule_server_stall(f: Facts) -> Finding | None:
     ended = Counter(r.error for r in st if r.outcome == "error")
     ev.append(f"{gave_up} stalled request(s) were given up after give_up_s; {later_ok} finished late"
               + (f"; {sum(ended.values())} were ended by the other side ({fmt_counts(ended)})" if ended else ""))
+    ft = fixed_timeout([r for r in st if r.outcome == "error"], stalled=True) if ended else None
+    if ft is not None:  # a proxy's timeout longer than stall.after_s ended them
+        who = who_answered(ft.records, f.acc.ok_servers).name()
+        ev.append(f"{len(ft.records)} of those ended {ft.seconds:.2f} s after "
+                  + " or ".join(how for how, _ in ft.after.most_common())
+                  + f" (within {ft.hi_ms - ft.lo_ms:.0f} ms of each other)" + (f", by {who}" if who else "")
+                  + ": a timeout in front of the server (nginx: proxy_read_timeout; haproxy: timeout server) "
+                    "ended what the server never answered")
     ev.extend(target_evidence(f.data, st))  # what the router/engine metrics said meanwhile
     return fnd
 
@@ -1318,6 +1326,23 @@ def stale_reuse_evidence(f: Facts, stale: list[Record]) -> list[str]:
                   f"cannot be told from a server that closes connections at other moments"]
 
 
+def _which_layer(f: Facts, errs: list[Record]) -> str | None:
+    """Whether HTTP errors came from a proxy in front (its Server header or signed HTML page, unlike
+    the answers that went through) or from the server itself (the header the answers carried)."""
+    if not errs:
+        return None
+    who = who_answered(errs, f.acc.ok_servers)
+    name = who.name()
+    if who.proxy is not None or (who.differs and who.html and name):
+        line = f"these errors came from {name} in front of the server, not from the server ({who.how()}"
+        if who.differs and f.acc.ok_servers:
+            line += f"; the answers that went through carried Server: {', '.join(f.acc.ok_servers)}"
+        return line + ")"
+    if f.acc.ok_servers and not who.differs and not who.html:
+        return f"these errors came from the server itself: the Server header the answers carried ({who.how()})"
+    return None
+
+
 def rule_server_errors(f: Facts) -> Finding | None:
     explained = f.explained()
     errs = [r for r in f.errors_apart if is_server_error(r.error) and id(r) not in explained]
@@ -1329,6 +1354,11 @@ def rule_server_errors(f: Facts) -> Finding | None:
                          f"({fmt_counts(Counter(r.error for r in errs))}), first in round {min(by_round)}", "ttfb")
     fnd.evidence.append(f"sample message: {errs[0].error_msg or '(empty body)'}")
     fnd.evidence.extend(overflow_evidence(f, errs))
+
+
+    layer = _which_layer(f, [r for r in errs if r.error.startswith("http_")])
+    if layer:
+        fnd.evidence.append(layer)
     endpoint = str(f.meta.get("endpoint") or "")
     api = str(f.meta.get("api") or "chat")
     if endpoint and any(r.error == "http_404" for r in errs):
