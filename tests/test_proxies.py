@@ -148,11 +148,13 @@ def test_a_correctly_configured_proxy_in_front_of_a_healthy_server_is_healthy(tm
     chunk. (haproxy's default sends with MSG_MORE and holds data up to ~200 ms: 32 tokens at 20/s came
     in 7 reads ~230 ms apart here, the first token ~160 ms late by the mock's own stamp; at 200/s a
     whole answer came in one or two reads. Under BURST_MIN_WAIT_MS, so not called a buffering proxy.)"""
-    proxy, _ = behind(cls, dict(TEXT, decode_tokens_per_s=200), **conf)
+    proxy, _ = behind(cls, dict(TEXT, decode_tokens_per_s=50), **conf)
     res, v, recs = _run(tmp_path, proxy)
     assert v["kind"] == "healthy" and not v["secondary"], res.text
     assert recs and all(r.outcome == "ok" for r in recs)
-    assert sum(r.token_reads for r in recs) >= 0.5 * sum(r.token_chunks for r in recs), \
+    # tokens 20 ms apart came as they were sent (a busy client may read two or three at once)
+    assert all(r.token_reads >= 8 for r in recs) and \
+        sum(r.token_reads for r in recs) >= 0.5 * sum(r.token_chunks for r in recs), \
         [(r.token_chunks, r.token_reads) for r in recs][:5]
 
 
