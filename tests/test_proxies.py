@@ -75,7 +75,7 @@ def test_a_proxy_timeout_in_front_of_a_hang_names_the_proxy_and_the_servers_hang
     assert took[0] >= 2.0 and took[len(took) // 2] < 2.1 and took[-1] < 2.5, took
     assert v["kind"] == "proxy_timeout" and v["phase"] == "ttfb", res.text
     name = "nginx/1.22" if cls is NginxProcess else "haproxy"
-    assert f"ended 2.0" in v["summary"] and "after send" in v["summary"] and f"by {name}" in v["summary"], v["summary"]
+    assert "ended 2.0" in v["summary"] and "after send" in v["summary"] and f"by {name}" in v["summary"], v["summary"]
     assert "the hang is the server's" in v["summary"]
     ev = "\n".join(v["evidence"])
     assert "504 Gateway Time-out" in ev and "proxy_read_timeout" in ev and "timeout server" in ev, ev

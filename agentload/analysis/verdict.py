@@ -36,8 +36,8 @@ from agentload.analysis.stats import SparseHistogram, band_ranges, fmt_dur as _d
 from agentload.analysis.tallies import CanaryTally, FirstSeenCounts, ReuseTally, SizeCounts, Spans
 from agentload.analysis.router import MIN_NAMED_BACKENDS, attribute, backend_evidence, router_inflight
 from agentload.analysis.target_evidence import engine_queue_evidence, router_evidence, target_evidence
-from agentload.analysis.proxies import (BURST_CHUNKS_PER_READ, BURST_MIN_CHUNKS, BURST_MIN_WAIT_MS, REFUSED_WITHIN_MS,
-                                        AdmissionLimit, BurstTally, FixedTimeout, admission_limit, fixed_timeout,
+from agentload.analysis.proxies import (BURST_CHUNKS_PER_READ, BURST_MIN_CHUNKS, BURST_MIN_WAIT_MS, AdmissionLimit,
+                                        BurstTally, FixedTimeout, admission_limit, fixed_timeout,
                                         inflight_at, quick_refusals, who_answered)
 
 if TYPE_CHECKING:
@@ -1191,7 +1191,7 @@ def rule_proxy_timeout(f: Facts) -> Finding | None:
     summary = (f"proxy timeout: {len(recs)} of {f.requests} requests ended {ft.seconds:.2f} s {after} ({what}{by}): "
                f"a fixed timeout of {ft.seconds:.1f} s " + ("in front of the server" if layer else
                                                             "between agentload and the server (or the server's own)")
-               + f" ended requests the server had not answered; the hang is the server's")
+               + " ended requests the server had not answered; the hang is the server's")
     phase = "ttfb" if http >= cut else ("stream" if any("first_token" in r.t for r in recs) else "ttft")
     fnd = _error_finding(f, Kind.PROXY_TIMEOUT, recs, summary, phase)
     ev = fnd.evidence
@@ -1240,7 +1240,7 @@ def rule_concurrency_limit(f: Facts) -> Finding | None:
         + f", each while {lim.limit} other request(s) were in flight (never fewer): a limit of {lim.limit} "
           f"concurrent request(s) refuses the rest before the server sees them", "ttfb")
     ev = fnd.evidence
-    ev.append(f"requests in flight at each refusal: " + ", ".join(f"{k}: {n}" for k, n in sorted(lim.spread.items()))
+    ev.append("requests in flight at each refusal: " + ", ".join(f"{k}: {n}" for k, n in sorted(lim.spread.items()))
               + f" ({lim.at_limit} of {lim.counted} refusals at exactly {lim.limit}); a server's own errors "
                 f"come whatever the load, these only at the limit")
     line = f"the layer that refused them: {who.how()}"
