@@ -71,8 +71,9 @@ def test_a_proxy_timeout_in_front_of_a_hang_names_the_proxy_and_the_servers_hang
     res, v, recs = _run(tmp_path, proxy)
     failed = [r for r in recs if r.outcome == "error"]
     assert failed and all(r.error == "http_504" for r in failed), [(r.error, r.error_msg) for r in failed][:3]
-    took = sorted((r.t["headers"] - r.t["sent"]) / 1e9 for r in failed)  # (a busy machine fires a timer late)
-    assert took[0] >= 2.0 and took[len(took) // 2] < 2.1 and took[-1] < 2.5, took
+    # (a busy machine fires a timer late, and stamps a send late: agentload's "sent" is after the write)
+    took = sorted((r.t["headers"] - r.t["sent"]) / 1e9 for r in failed)
+    assert took[0] >= 1.9 and 2.0 <= took[len(took) // 2] < 2.1 and took[-1] < 2.5, took
     assert v["kind"] == "proxy_timeout" and v["phase"] == "ttfb", res.text
     name = "nginx/1.22" if cls is NginxProcess else "haproxy"
     assert "ended 2.0" in v["summary"] and "after send" in v["summary"] and f"by {name}" in v["summary"], v["summary"]
