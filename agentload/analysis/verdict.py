@@ -1598,7 +1598,8 @@ def rule_canary_failures(f: Facts) -> Finding | None:
     timeout = (f.scenario.get("canary") or {}).get("timeout_s")
     slow = slow_canaries(f, failed)
     if slow is not None:  # they timed out behind the slowness every agent met: that is the finding
-        return _slow_for_everyone(f, slow, failed, sent)
+        # (beside a server stall, the stall's finding tells that slowness, these canaries in its evidence)
+        return _slow_for_everyone(f, slow, failed, sent) if w is None else None
     fnd = Finding(Kind.CANARY_FAILURES,
                   f"canaries failed{' outside the server stall' if w is not None else ''}: {len(failed)} of {sent} "
                   f"(fresh connection, short prompt) "
