@@ -1194,3 +1194,18 @@ def test_a_timer_that_fired_late_on_a_busy_machine_still_counts_but_never_early(
     v = diagnose(_behind_a_proxy_timeout([2001, 2002, 2003, 2004, 1700]).data())  # 300 ms early: not it
     assert v["kind"] == "proxy_timeout" and "4 of" in v["summary"], v
     assert [s["kind"] for s in v["secondary"]] == ["server_errors"], v["secondary"]
+
+
+def test_bursts_the_server_sent_late_itself_or_that_agentloads_lag_gathered_are_not_a_buffering_proxy():
+    # the server's own send stamp: its first token left 1 ms before agentload read it (not held on the way)
+    run = _buffered(reads=1, wait_ms=500)
+    run.records = [dataclasses.replace(r, server_first_token_ns=r.t["first_token"] - 1_000_000) for r in run.records]
+    assert diagnose(run.data())["kind"] == "healthy"
+    # ... held 480 ms on the way: a buffering proxy
+    run.records = [dataclasses.replace(r, server_first_token_ns=r.t["first_token"] - 480_000_000) for r in run.records]
+    v = diagnose(run.data())
+    assert v["kind"] == "buffered_stream" and any("before agentload read it" in e for e in v["evidence"]), v
+    # agentload's own loop lagged 300 ms once: waits of 500 ms may be its own late reads
+    run = _buffered(reads=1, wait_ms=500)
+    run.sample(loop_lag_ms=300.0)
+    assert "buffered_stream" not in kinds(run)

@@ -1631,12 +1631,20 @@ def _slow_for_everyone(f: Facts, slow: SlowCanaries, failed: list[Record], sent:
 def rule_buffered_stream(f: Facts) -> Finding | None:
     """Tokens came many to a read after long waits (or all at once): a proxy that buffers the stream
     (nginx's default proxy_buffering on) held what the server sent. Every agent got its answers, but
-    ttfb/ttft hold the server's whole generation and the token pace cannot be read: not healthy."""
+    ttfb/ttft hold the server's whole generation and the token pace cannot be read: not healthy.
+    Not when the server's own send stamp shows it sent the first token late itself, nor when the
+    waits are within twice agentload's own largest loop lag (its late reads gather tokens too)."""
     b = f.acc.bursts
     if not b.found():
         return None
     per = sorted(b.per_read)
     waits = percentiles_ms(_hist(b.waits), (50, 99)) or {}
+    wait50 = waits.get(50) or 0.0
+    held = pct_ms(_hist(b.held), 50) if b.held else None
+    if held is not None and held < 0.5 * wait50:
+        return None  # the server's own stamp: it sent the first token late itself, nothing held it on the way
+    if wait50 < 2 * f.max_lag:
+        return None  # agentload's own loop lagged that long: its late reads may have gathered the tokens
     named = [s for s in b.servers if s != "(none)"]
     fnd = Finding(Kind.BUFFERED_STREAM,
                   f"a buffering proxy? {b.bursty} of {b.eligible} answers came in bursts ({per[len(per) // 2]:.0f} "
@@ -1648,9 +1656,8 @@ def rule_buffered_stream(f: Facts) -> Finding | None:
               f"read, each read {BURST_MIN_WAIT_MS:g} ms or more after the one before (or the send); here "
               f"{b.bursty} of {b.eligible}, chunks a read {per[0]:.0f}-{per[-1]:.0f}, send -> first token p50 "
               f"{_dur(waits.get(50))}, p99 {_dur(waits.get(99))}")
-    if b.held:
-        held = percentiles_ms(_hist(b.held), (50,)) or {}
-        ev.append(f"the server's own send stamp: it sent the first token {_dur(held.get(50))} (p50) before "
+    if held is not None:
+        ev.append(f"the server's own send stamp: it sent the first token {_dur(held)} (p50) before "
                   f"agentload read it, in {b.stamped} of these answers: held on the way, not late at the server")
     if named:
         ev.append("their Server header: " + ", ".join(f"{s} x{n}" for s, n in b.servers.most_common()))
