@@ -28,7 +28,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from agentload.endpoint import api_url, base_path, with_version
-from agentload.records import Record, phase_at, phase_ns
+from agentload.records import PROBE_KINDS, Record, phase_at, phase_ns
 from agentload.records.overflow import overflow
 from agentload.records.phases import SERVER_PHASES, phase_begin
 from agentload.analysis.passes import one_pass, order_key
@@ -239,6 +239,8 @@ class FactsAccumulator:
         self.backends: set[str] = set()  # backend names the records gave (the first MIN_NAMED_BACKENDS)
         self.conns = ReuseTally()  # agent requests on new and on reused connections
         self.fine_server_prompt_max: int | None = None  # the largest prompt that completed, by the server's count
+        self._probes: list[tuple[tuple[int, int], Record]] = []
+        self.probes: list[Record] = []  # the stall probes' records, in the requests' order once closed
         self._closed = False
 
     def add(self, r: Record) -> None:
@@ -255,6 +257,10 @@ class FactsAccumulator:
             self.backends.add(r.backend)
         if r.kind == "canary":
             self.canary.add(r, key)
+            return
+        if r.kind in PROBE_KINDS:  # a stall wave's probes: a few requests per wave, a few waves a run
+            if len(self._probes) < MAX_PROBE_RECORDS:
+                self._probes.append((key, r))
             return
         if r.kind != "agent":
             return
@@ -329,6 +335,8 @@ class FactsAccumulator:
             self._troubled.sort(key=lambda x: x[0])
             self.troubled = [r for _, r in self._troubled]
             self._troubled = []
+            self._probes.sort(key=lambda x: x[0])
+            self.probes = [r for _, r in self._probes]
             self.canary.close()
             self._closed = True
         return self
@@ -863,6 +871,139 @@ def canary_evidence(f: Facts, t0: int) -> list[str]:
     return [text]
 
 
+MAX_PROBE_RECORDS = 64  # probe records the facts keep (agentload.run.probes sends at most 4 a wave, 5 waves)
+_NOT_ANSWERED = ("hung", "failed")
+
+
+def _probe_state(r: Record | None, reused: bool) -> str | None:
+    """answered | hung | failed | cut, or None: not sent, or not on the kind of connection it was
+    meant for (a pooled connection the server had closed: the factor did not change)."""
+    if r is None or (r.reused is not None and r.reused is not reused):
+        return None
+    if r.stalled_phase:
+        return "hung"
+    if r.outcome == "ok":
+        return "answered"
+    return "cut" if r.outcome == "cut_short" else "failed"
+
+
+def _probe_cause(p: dict[str, Record]) -> str | None:
+    """What one wave's probes reproduced: content | connection | nobody | either | both |
+    not_reproduced, or None (inconclusive: cut short by the run's end, or not sent)."""
+    b = _probe_state(p.get("probe_body_fresh"), False)
+    r = _probe_state(p.get("probe_short_reused"), True)
+    s = _probe_state(p.get("probe_short_fresh"), False)
+    br = _probe_state(p.get("probe_body_reused"), True)
+    if s in _NOT_ANSWERED and (b in _NOT_ANSWERED or r in _NOT_ANSWERED or b is None):
+        return "nobody"  # a short prompt on a fresh connection did not get through either
+    if b in _NOT_ANSWERED and r in _NOT_ANSWERED:
+        return "either" if s == "answered" else "nobody"
+    if b in _NOT_ANSWERED and (r == "answered" or s == "answered"):
+        return "content"
+    if b == "answered" and r in _NOT_ANSWERED:
+        return "connection"
+    if b == "answered" and r == "answered":
+        return "both" if br in _NOT_ANSWERED else "not_reproduced"
+    return None
+
+
+_CAUSE = {  # the headline's clause for what the probes reproduced
+    "content": "the hang follows the request's content (size or state): its own body {hung} on a fresh connection "
+               "too, a short prompt on a reused one answered (probes)",
+    "connection": "the hang follows the connection, not the prompt: a short prompt on a reused keep-alive "
+                  "connection {hung}, the stalled request's own body on a fresh one answered (keep-alive handling "
+                  "in the server or in between; probes)",
+    "nobody": "the server is not answering anyone: a short prompt on a fresh connection {hung} too (probes)",
+    "either": "each factor alone {hangs}: the stalled request's own body on a fresh connection and a short prompt "
+              "on a reused connection both {hung}, while a short prompt on a fresh connection answered (probes)",
+    "both": "the hang needs both the content and a reused connection: the stalled request's own body {hung} on a "
+            "reused connection only (on a fresh one it answered, as did a short prompt on a reused one; probes)",
+    "not_reproduced": "the probes did not reproduce it: the stalled request's own body on a fresh connection and a "
+                      "short prompt on a reused connection both answered (it needs the agent's own connection and "
+                      "content, or was transient)",
+}
+_CAUSE_SHORT = {"content": "it follows the content", "connection": "it follows the connection",
+                "nobody": "no one is answered", "either": "each factor alone reproduces it",
+                "both": "it needs both factors", "not_reproduced": "not reproduced"}
+_KEEPS_THRESHOLD = {"content", "either", "both", "not_reproduced"}  # the others contradict a size threshold
+
+
+def _probe_line(what: str, r: Record | None, state: str | None, backends: bool) -> str | None:
+    if r is None:
+        return None
+    if state is None:
+        text = f"{what}: went out on a {'reused' if r.reused else 'new'} connection instead, so it tells nothing"
+    elif state == "answered":
+        text = f"{what} answered in {_dur((phase_ns(r.t, 'e2e') or 0) / 1e6)}"
+    elif state == "hung":
+        text = f"{what} hung (no progress in {r.stalled_phase} for stall.after_s)"
+    elif state == "failed":
+        text = f"{what} failed ({r.error})"
+    else:
+        text = f"{what} was cut short by the run's end"
+    return text + (f" (backend {r.backend})" if backends and r.backend else "")
+
+
+def probe_reading(f: Facts, st: list[Record], thr: int | None,
+                  slow: bool) -> tuple[str | None, bool, list[str]]:
+    """What the stall probes (agentload.run.probes) say of the stall `st`: the headline's clause
+    (None: no probe was conclusive), whether a size threshold may still lead it, and the evidence.
+    Waves disagreeing: the cause most waves reproduced, ties to the earliest."""
+    waves: dict[int, dict[str, Record]] = {}
+    for r in f.acc.probes:
+        waves.setdefault(r.call, {}).setdefault(r.kind, r)
+    ev: list[str] = []
+    causes: list[str] = []
+    fleet = bool(f.meta.get("fleet")) or len(f.acc.backends) >= MIN_NAMED_BACKENDS  # which backend served each
+    for wave, p in sorted(waves.items())[:MAX_WAVE_LINES]:
+        cause = _probe_cause(p)
+        any_r = next(iter(p.values()))
+        body = p.get("probe_body_fresh") or p.get("probe_body_reused")
+        parts = [x for x in (_probe_line(what, p.get(kind), _probe_state(p.get(kind), reused), fleet)
+                             for kind, what, reused in _PROBE_ORDER) if x]
+        ev.append(f"probes of stall wave {wave} (agent {any_r.agent}'s round {any_r.round} request"
+                  + (f", {body.prompt_tokens:,} prompt tokens" if body is not None else "") + "): "
+                  + "; ".join(parts) + " -> " + (_CAUSE_SHORT[cause] if cause else "inconclusive"))
+        if cause:
+            causes.append(cause)
+    if len(waves) > MAX_WAVE_LINES:
+        ev.append(f"... {len(waves) - MAX_WAVE_LINES} more probed wave(s)")
+    if causes:
+        counts = Counter(causes)
+        lead = max(counts, key=lambda c: (counts[c], -causes.index(c)))
+        clause = _CAUSE[lead].format(hung="stalled" if slow else "hung", hangs="stalls" if slow else "hangs")
+        if len(counts) > 1:
+            ev.append("the probed waves disagree: " + ", ".join(f"{_CAUSE_SHORT[c]} x{n}" for c, n in counts.most_common())
+                      + f"; the headline takes the most common ({_CAUSE_SHORT[lead]})")
+        return clause, lead in _KEEPS_THRESHOLD, ev
+    # no conclusive probe: the cause rests on correlation; say which factors go together
+    on = (f.scenario.get("stall") or {}).get("probes")
+    why = ("probes are off ([stall] probes = false)" if on is False else
+           "no probe was conclusive" if waves else
+           "no probe ran during the stall" if on else "this run has no probes (recorded before agentload sent them)")
+    reused = sum(1 for r in st if r.reused)
+    if thr is not None and reused == len(st):
+        ev.append(f"{why}: the cause rests on correlation, and prompt size and connection reuse are confounded: "
+                  f"every stalled request was at or above {thr:,} prompt tokens and went out on a reused keep-alive "
+                  f"connection; the stalled body on a fresh connection would tell them apart")
+    elif thr is not None:
+        ev.append(f"{why}: the cause rests on correlation (prompt size; {len(st) - reused} stalled request(s) "
+                  f"went out on new connections, so connection reuse is not needed)")
+    elif reused == len(st):
+        ev.append(f"{why}: the cause rests on correlation, and the agents' content and connection reuse are "
+                  f"confounded: every stalled request went out on a reused keep-alive connection")
+    else:
+        ev.append(f"{why}: the cause rests on correlation")
+    return None, True, ev
+
+
+MAX_WAVE_LINES = 5
+_PROBE_ORDER = (("probe_body_fresh", "its own body on a fresh connection", False),
+                ("probe_short_fresh", "a short prompt on a fresh connection", False),
+                ("probe_short_reused", "a short prompt on a reused connection", True),
+                ("probe_body_reused", "its own body on a reused connection", True))
+
+
 def rule_server_stall(f: Facts) -> Finding | None:
     """No progress past the pool (ttfb, ttft, stream) for stall.after_s. A request stalled at the
     server holds its connection: with a small pool the requests behind it wait in pool_wait;
@@ -901,8 +1042,11 @@ def rule_server_stall(f: Facts) -> Finding | None:
     else:
         summary = (f"server stall: {len(affected)} of {len(f.agents)} agents stopped making progress in {main_phase} "
                    f"from round {first_round} on")
-    if thr is not None:
+    cause, keep_thr, probe_ev = probe_reading(f, st, thr, all_finished)
+    if thr is not None and keep_thr:  # (a correlation the probes contradict never leads)
         summary += f", every request at or above {thr:,} prompt tokens stalled"
+    if cause:
+        summary += f"; {cause}"
     queued_agents = {r.agent for r in behind + behind_timeouts} - affected
     try:
         pool = f.pool  # the pool's own finding, beside this one
@@ -930,7 +1074,8 @@ def rule_server_stall(f: Facts) -> Finding | None:
         ev.extend(queue_evidence(f))
     ev.extend(f.backend_lines(st, "stalled"))  # the backend(s) behind a router, where records or logs say it
     if thr_text:
-        ev.append(thr_text)
+        ev.append(thr_text + ("" if keep_thr else "; a correlation only: the probes contradict it"))
+    ev.extend(probe_ev)
     first_stall: dict[int, int] = {}
     for r in st:
         first_stall[r.agent] = min(first_stall.get(r.agent, r.round), r.round)

@@ -25,6 +25,15 @@ RECORD_VERSION = 1
 
 OUTCOMES = ("ok", "error", "stalled", "cut_short")
 
+# The kinds of record a stall wave's probes leave (agentload.run.probes), each changing one factor
+# against the stalled request: what each is, as the verdict names it.
+PROBE_KINDS = {
+    "probe_body_fresh": "the stalled request's own body on a fresh connection",
+    "probe_short_reused": "a short prompt on a reused keep-alive connection",
+    "probe_short_fresh": "a short prompt on a fresh connection",
+    "probe_body_reused": "the stalled request's own body on a reused keep-alive connection",
+}
+
 
 class Trace:
     """Mutable timestamps of one request in flight. Hooks only stamp; nothing else happens here."""
@@ -89,7 +98,7 @@ class Trace:
 class Record:
     v: int
     run: str
-    kind: str  # "agent" or "canary"
+    kind: str  # "agent", "canary", or one of PROBE_KINDS
     agent: int
     round: int
     call: int  # attempt within the round (retries after a give-up count up)

@@ -105,7 +105,7 @@ def build_lanes(data: "RunData") -> tuple[list[Lane], int]:
     per: dict[int, list[tuple[tuple, Record]]] = defaultdict(list)
     seen_max: int | None = None
     for seq, r in enumerate(data.iter_records()):
-        per[-1 if r.kind == "canary" else r.agent].append((_lane_order(r, seq), r))
+        per[-1 if r.kind != "agent" else r.agent].append((_lane_order(r, seq), r))
         e = seen_end(r)
         if e is not None:
             seen_max = e if seen_max is None else max(seen_max, e)
@@ -233,7 +233,7 @@ class LaneSampler:
         if e is not None:
             self.seen_max = e if self.seen_max is None else max(self.seen_max, e)
         order = _lane_order(r, self.seq)
-        if r.kind == "canary":
+        if r.kind != "agent":  # canaries, and a stall wave's probes: the first lane
             self.canaries.append((order, r))
             if self.kept + len(self.canaries) > self.trim_at:  # a day of canaries, one a second
                 self._trim()

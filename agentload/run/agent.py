@@ -91,6 +91,9 @@ class _GiveUp:
 
 
 def _gave_up(ctx: "RunContext", trace: Trace) -> Result:
+    if trace.kind.startswith("probe_"):  # a probe is given up as soon as it stalls (agentload.run.probes)
+        return Result(None, None, "stall_give_up", f"no progress in {trace.stalled_phase} for stall.after_s = "
+                                                   f"{ctx.scenario.stall.after_s:g}s: a probe ends once it stalls")
     return Result(None, None, "stall_give_up",
                   f"no progress in {trace.stalled_phase} for {ctx.scenario.stall.give_up_s:g}s")
 

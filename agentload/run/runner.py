@@ -54,11 +54,12 @@ from agentload.run.agent import attempt, run_agent
 from agentload.run.context import RunContext
 from agentload.run.sampler import Sampler
 from agentload.run.snapshot import TimeGrid, follow, scan, scan_sliced, stall_tick
-from agentload.run.conversation import Conversation, tool_schemas
+from agentload.run.conversation import tool_schemas
 from agentload.run.observers import start_observers
+from agentload.run.probes import Prober, short_conversation
 from agentload.run.replay import arrival_of, load_plans
 from agentload.records import RecordWriter, Trace
-from agentload.run.scenario import Scenario, const
+from agentload.run.scenario import Scenario
 
 if TYPE_CHECKING:
     from agentload.run.context import WorkerSpec
@@ -215,13 +216,10 @@ async def canaries(ctx: RunContext, counter: "itertools.count[int] | None" = Non
     cfg = ctx.scenario.canary
     session = ctx.transport.canary_session(cfg.timeout_s)
     sc = ctx.scenario
-    conv_cfg = sc.conversation.__class__(
-        mode="scripted", system_tokens=const(0), user_tokens=const(cfg.prompt_tokens), tools=0,
-        max_tokens=cfg.max_tokens, stream=sc.conversation.stream, include_usage=sc.conversation.include_usage)
     try:
         while not ctx.stopping:
             n = next(counter)
-            conv = Conversation(conv_cfg, sc.target.model, random.Random(n), -1, tools=[], api=sc.target.api)
+            conv = short_conversation(sc, n)
             body = conv.body()
             trace = Trace("canary", -1, 1, n, f"{ctx.run_id}-canary-{n}", conv.n_messages, len(body), conv.tokens)
             await attempt(ctx, session, trace, body)
@@ -454,8 +452,12 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
         ("sampler", sampler.run),
         ("lag", sampler.probe_lag),
         ("stall-dumps", functools.partial(dump.watch_stalls, ctx, out_dir, meta["t0_ns"]))]
-    if sc.canary.every_s > 0 and (worker is None or worker.index == 0) and ctx.shard[0] == 0:
+    first = (worker is None or worker.index == 0) and ctx.shard[0] == 0
+    if sc.canary.every_s > 0 and first:
         jobs.append(("canary", functools.partial(canaries, ctx, itertools.count())))
+    prober = Prober(ctx) if sc.stall.probes and first else None
+    if prober is not None:  # a stall wave's probes (agentload.run.probes)
+        jobs.append(("probes", prober.run))
     jobs.extend(extras.jobs())
     if on_tick is not None:
         async def ticker() -> None:  # with every full snapshot: once a second
@@ -522,6 +524,14 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
             for t in still:
                 t.cancel()
             await asyncio.wait(still, timeout=SHUTDOWN_GRACE_S)
+        if prober is not None and not prober.idle.is_set() and not hard_stop.is_set():
+            # a stall wave's experiment in progress: its answer is the verdict's evidence (same bound)
+            hard = asyncio.create_task(hard_stop.wait())
+            idle = asyncio.create_task(prober.idle.wait())
+            await asyncio.wait([idle, hard], timeout=sc.stall.give_up_s + SHUTDOWN_GRACE_S,
+                               return_when=asyncio.FIRST_COMPLETED)
+            hard.cancel()
+            idle.cancel()
         if not arrivals.done():
             arrivals.cancel()
     except Exception as e:  # agentload's run loop itself failed: record it, stop, still write every file

@@ -371,6 +371,10 @@ class StallConfig:
     give_up_s: float = setting(60.0, Number(0, above=True))  # then abort the request and record it as stalled
     on_give_up: Literal["stop_agent", "retry", "next_round"] = "stop_agent"
     max_retries: int = 2  # on_give_up = "retry": tries of one round after the first; then stop the agent
+    # once per stall wave, requests that change one factor at a time (the stalled body on a fresh
+    # connection, a short prompt on a reused one): the verdict reads the cause from them
+    # (agentload.run.probes); false: the cause rests on correlation
+    probes: bool = True
 
     def _validate(self, at: At) -> None:
         if self.give_up_s < self.after_s:

@@ -540,6 +540,26 @@ class Transport:
                              aiohttp.ClientTimeout(total=timeout_s, connect=timeout_s, sock_connect=timeout_s,
                                                    sock_read=timeout_s))
 
+    def probe_session(self, keep_alive: bool) -> aiohttp.ClientSession:
+        """A pool of the stall probes' own (`agentload.run.probes`), with the agents' headers and
+        timeouts: a fresh connection per request, or (`keep_alive`) one connection kept and reused."""
+        c = self.cfg
+        connector = self._connector(limit=1, force_close=False, keepalive_timeout=c.keepalive_timeout,
+                                    enable_cleanup_closed=False) if keep_alive else \
+            self._connector(limit=0, force_close=True, enable_cleanup_closed=False)
+        return self._session(connector, client_timeout(c))
+
+    def idle_shared(self) -> aiohttp.ClientSession | None:
+        """The agents' shared session while its pool holds an idle connection (one that has served
+        requests: a request sent now reuses it), else None."""
+        s = self._shared
+        if s is None or s.connector is None or "idle" in (_pool_unknown or ()):
+            return None
+        try:
+            return s if _pool_count(s.connector, "idle") > 0 else None
+        except (AttributeError, TypeError):
+            return None
+
     def _connectors(self) -> list[aiohttp.BaseConnector]:
         out = [s.connector for s in ([self._shared] if self._shared else []) if s.connector]
         out.extend(s.connector for s in self._per_agent.values() if s.connector)
