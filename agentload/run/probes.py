@@ -55,15 +55,10 @@ def short_conversation(sc: Scenario, n: int) -> Conversation:
     return Conversation(conv_cfg, sc.target.model, random.Random(n), -1, tools=[], api=sc.target.api)
 
 
-def stalled_target(ctx: "RunContext") -> Trace | None:
-    """An agent request in flight that stalled past the pool and still holds its body (the one
-    stalled longest): what the wave's probes replay."""
-    best: Trace | None = None
-    for tr in list(ctx.inflight.values()):
-        if (tr.kind == "agent" and tr.stalled_phase in SERVER_PHASES and not tr.gave_up and tr.body is not None
-                and (best is None or tr.stalled_at < best.stalled_at)):
-            best = tr
-    return best
+def replayable(tr: Trace | None) -> bool:
+    """An agent request still in flight, stalled past the pool, whose body it still holds."""
+    return (tr is not None and tr.kind == "agent" and tr.stalled_phase in SERVER_PHASES and not tr.gave_up
+            and tr.body is not None)
 
 
 def server_stalled(stalled: Any) -> int:
@@ -103,8 +98,9 @@ class Prober:
                 new, before = n > 0 and before == 0, n
                 if not new or ctx.stopping:
                     continue
-                target = stalled_target(ctx)
-                if target is None:  # (its body let go already: the next wave, if any)
+                # the request that stalled at this tick (the watchdog's pass, which alone walks the registry)
+                target = snap.new_stall
+                if not replayable(target):  # (ended, or given up, already: the next wave, if any)
                     continue
                 self.waves += 1
                 self.idle.clear()

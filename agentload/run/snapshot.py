@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple
 
-from agentload.records.phases import PHASES, PROGRESS_STAMPS, phase_at
+from agentload.records.phases import PHASES, PROGRESS_STAMPS, SERVER_PHASES, phase_at
 
 _now = time.perf_counter_ns
 
@@ -98,6 +98,9 @@ class InflightSnapshot:
     rounds: Mapping[int, int]  # round -> agents working in it
     finished: Mapping[str, int]  # done / stalled / error / cut_short / crashed -> conversations ended
     pool: Mapping[str, Any]  # the client pool's state (Transport.pool_state)
+    # an agent request that stalled past the pool at this tick (the first the pass met), for the
+    # stall wave's probes (agentload.run.probes): they replay it without a walk of their own
+    new_stall: Any = None
 
     @property
     def inflight_total(self) -> int:
@@ -179,8 +182,8 @@ async def scan_sliced(ctx: Any, *, seq: int = 1, full: bool = True, prev: Inflig
 class _Pass:
     """What one pass has counted so far (`scan` in one step, `scan_sliced` in several)."""
 
-    __slots__ = ("acting", "after_ns", "by_round", "canaries", "finished", "full", "give_up_ns", "now", "o_phase",
-                 "o_start", "o_tr", "pool", "stalled", "waiting")
+    __slots__ = ("acting", "after_ns", "by_round", "canaries", "finished", "full", "give_up_ns", "new_stall", "now",
+                 "o_phase", "o_start", "o_tr", "pool", "stalled", "waiting")
 
     def __init__(self, ctx: Any, full: bool, after_ns: int | None, give_up_ns: int | None) -> None:
         self.now = _now()
@@ -191,6 +194,7 @@ class _Pass:
         self.stalled: dict[tuple[int, str], int] = {}
         self.by_round: dict[tuple[int, str], int] = {}  # (round, phase) -> agent requests: full passes only
         self.canaries = 0
+        self.new_stall: Any = None
         self.o_tr: Any = None
         self.o_start = 0
         self.o_phase = ""
@@ -224,6 +228,8 @@ class _Pass:
                 if tr.stalled_phase is None:
                     tr.stalled_phase = ph = (_PHASE_AFTER_REUSED if tr.reused else _PHASE_AFTER)[k]
                     tr.stalled_at = now
+                    if self.new_stall is None and ph in SERVER_PHASES and tr.kind == "agent":
+                        self.new_stall = tr
                 if now - prog >= give_up_ns and not tr.gave_up and tr.timeout_cm is not None:
                     tr.gave_up = True
                     loop = loop or asyncio.get_running_loop()
@@ -298,7 +304,8 @@ class _Pass:
         return InflightSnapshot(
             seq, now, self.full, _ro(dict(sorted(self.stalled.items()))), self.canaries, _ro(dict(ctx.counts)),
             lag.window_ms if lag is not None else 0.0, lag.max_ms if lag is not None else 0.0,
-            getattr(ctx, "crash_count", 0), full_t, inflight, oldest, agents_m, rounds_m, finished_m, pool_m)
+            getattr(ctx, "crash_count", 0), full_t, inflight, oldest, agents_m, rounds_m, finished_m, pool_m,
+            self.new_stall)
 
 
 class SnapshotFeed:
