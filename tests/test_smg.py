@@ -161,3 +161,22 @@ def test_agentload_proxy_in_front_of_smg_keeps_per_backend_attribution(tmp_path,
     assert {r["backend"] for r in recs} == {"b1", "b2"}
     assert sorted({(r["agent"], r["round"]) for r in recs}) == [(a, n) for a in range(4) for n in (1, 2, 3)]
     assert code == 0 and "VERDICT [healthy]" in text, text
+
+
+def test_trace_context_reaches_the_backends_through_smg(tmp_path, stack):
+    """Every request's `traceparent` arrives at the backend smg chose (a second way, beside the request
+    id, to join a backend's log line to agentload's record), and the session header rides along."""
+    logs = [tmp_path / "b1.log", tmp_path / "b2.log"]
+    smg, _ = stack([MockConfig(name="b1", request_log=str(logs[0]), **BACKEND),
+                    MockConfig(name="b2", request_log=str(logs[1]), **BACKEND)], FLAGS)
+    res = run_scenario("healthy", tmp_path / "run", _through(smg, 'target.session_header="X-SMG-Routing-Key"'))
+    assert res.summary["verdict"]["kind"] == "healthy", res.text
+    recs = [r for r in load_records(tmp_path / "run" / "records.jsonl").records if r.kind == "agent"]
+    logged = {}
+    for p in logs:
+        for line in p.read_bytes().splitlines():
+            d = orjson.loads(line)
+            logged[d["traceparent"]] = d["backend"]
+    joined = [r for r in recs if r.traceparent in logged]
+    assert len(joined) == len(recs), f"{len(joined)} of {len(recs)} joined by traceparent"
+    assert all(logged[r.traceparent] == r.backend for r in joined)  # the same backend the answer named

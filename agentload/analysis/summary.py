@@ -43,6 +43,7 @@ class SummaryPass:
         self.canaries_ok = 0
         self.late = SparseHistogram()  # open loop: start - intended of first requests
         self.late_n = 0
+        self.groups: dict[int, GroupTally] = {}  # [conversation] prefix_groups: per group
 
     @property
     def timing(self) -> SparseHistogram:
@@ -71,6 +72,44 @@ class SummaryPass:
         if "intended" in t and "start" in t:
             self.late.record_ns(t["start"] - t["intended"])
             self.late_n += 1
+        g = r.group
+        if g is not None and r.kind == "agent":
+            gt = self.groups.get(g)
+            if gt is None:
+                gt = self.groups[g] = GroupTally()
+            gt.add(r)
+
+
+class GroupTally:
+    """One prefix group's requests: what a cache-aware router buys it (its prompt tokens served from
+    the cache) and its time to first token."""
+
+    __slots__ = ("agents", "requests", "ok", "prompt", "cached", "reported", "ttft")
+
+    def __init__(self) -> None:
+        self.agents: set[int] = set()
+        self.requests = self.ok = self.prompt = self.cached = self.reported = 0
+        self.ttft = SparseHistogram()
+
+    def add(self, r: Record) -> None:
+        self.agents.add(r.agent)
+        self.requests += 1
+        if r.outcome != "ok":
+            return
+        self.ok += 1
+        if r.cached_tokens is not None:  # the server reports its cache: the share it served
+            self.reported += 1
+            self.prompt += r.server_prompt_tokens or r.prompt_tokens
+            self.cached += r.cached_tokens
+        t = r.t
+        if "first_token" in t and "sent" in t:
+            self.ttft.record_ns(t["first_token"] - t["sent"])
+
+    def result(self) -> dict[str, Any]:
+        pct = percentiles_ms(self.ttft, (50, 99)) or {}
+        return {"agents": len(self.agents), "requests": self.requests, "completed": self.ok,
+                "cache_hit_rate": round(self.cached / self.prompt, 4) if self.prompt else None,
+                "ttft_p50_ms": pct.get(50), "ttft_p99_ms": pct.get(99)}
 
 
 def run_section(data: RunData, sp: SummaryPass) -> dict[str, Any]:
@@ -257,6 +296,8 @@ def build_summary(data: RunData, sp: SummaryPass | None = None) -> dict[str, Any
             {"rounds": [lo, hi], **st.counts(), "phases": st.phases(), "thin": st.completed < MIN_SAMPLES_PER_ROUND}
             for lo, hi, st in bands
         ]
+    if sp.groups:  # prefix groups: cache hit rate and time to first token by group
+        summary["groups"] = {str(g): gt.result() for g, gt in sorted(sp.groups.items())}
     te = timing_error(sp)
     if te is not None:
         summary["timing_error"] = te

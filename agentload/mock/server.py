@@ -61,7 +61,8 @@ read, as x-mock-recv-ns) and end_ns (perf_counter_ns: CLOCK_MONOTONIC, comparabl
 stamps on the same host), round, prompt_tokens, cached_tokens (null: no cache, or not admitted),
 status (null if no status line was sent), outcome (ok; error: an injected error status; rejected:
 a 400; client_gone; dropped; cut: closed by the server after hang_s), fault (the live fault at
-receipt), stream, api (chat, messages or responses: the route).
+receipt), stream, api (chat, messages or responses: the route), traceparent (the W3C trace context
+the request carried, as a router passed it on: the second way to join a line to agentload's record).
 
 Counters are served at GET /mock/stats (and zeroed by POST /mock/reset, which keeps the prefix
 cache's contents and the live fault) so tests can assert on what the server really did.
@@ -248,7 +249,8 @@ class PrefixCache:
 class Rec:
     """What the request log says of one chat request; filled in as the request goes."""
 
-    __slots__ = ("recv_ns", "fault", "rid", "round", "ptoks", "cached", "status", "outcome", "stream", "api")
+    __slots__ = ("recv_ns", "fault", "rid", "round", "ptoks", "cached", "status", "outcome", "stream", "api",
+                 "traceparent")
 
     def __init__(self, recv_ns: int, fault: str | None, api: str = "chat"):
         self.api = api
@@ -261,6 +263,7 @@ class Rec:
         self.status: int | None = None
         self.outcome: str | None = None
         self.stream = False
+        self.traceparent: str | None = None  # the W3C trace context the request carried (a router passes it on)
 
 
 # ---------------------------------------------------------------- request analysis
@@ -629,7 +632,8 @@ class MockServer:
         line = _dumps({"id": rec.rid, "backend": self.cfg.name, "recv_ns": rec.recv_ns, "end_ns": _perf_ns(),
                        "round": rec.round, "prompt_tokens": rec.ptoks, "cached_tokens": rec.cached,
                        "status": rec.status, "outcome": rec.outcome or "error", "fault": rec.fault,
-                       "stream": rec.stream, "api": rec.api}, option=orjson.OPT_APPEND_NEWLINE)
+                       "stream": rec.stream, "api": rec.api, "traceparent": rec.traceparent},
+                      option=orjson.OPT_APPEND_NEWLINE)
         try:
             os.write(self._log_fd, line)  # one write on O_APPEND: lines never interleave or tear
         except OSError:
@@ -686,6 +690,7 @@ class MockServer:
     async def _entry(self, request: web.Request, api: str) -> web.StreamResponse:
         raw = await request.read()
         rec = Rec(_perf_ns(), self.fault, api)
+        rec.traceparent = request.headers.get("traceparent")
         try:
             return await self._chat(request, raw, rec)
         except asyncio.CancelledError:

@@ -43,7 +43,7 @@ class Trace:
                  "max_gap", "max_gap_at", "stalled_phase", "stalled_at", "gave_up", "timeout_cm",
                  "bytes_in", "server_first_token_ns", "bad_events", "id_sent", "conversation", "body", "idle_ns",
                  "first_output",
-                 "token_reads", "server")
+                 "token_reads", "server", "group", "traceparent")
 
     def __init__(self, kind: str, agent: int, round_: int, call: int, request_id: str,
                  messages: int, prompt_bytes: int, prompt_tokens: int, intended: int | None = None,
@@ -80,6 +80,8 @@ class Trace:
         self.first_output: str | None = None  # what the first token was: text, tool or reasoning
         self.token_reads = 0  # network reads that carried at least one token (set by the read path)
         self.server: str | None = None  # the response's Server header
+        self.group: int | None = None  # the agent's prefix group ([conversation] prefix_groups)
+        self.traceparent: str | None = None  # the W3C traceparent header sent
 
     def phase(self) -> str:
         """The phase the request is in now."""
@@ -160,6 +162,10 @@ class Record:
     # The response's `Server` header (its first 100 characters): which layer answered (a proxy's
     # 504 or 503 says `nginx/1.22.1`, the mock `Python/3.x aiohttp/3.x`). None: none sent, no response.
     server: str | None = None
+    # [conversation] prefix_groups: the group whose system prompt and tools the agent shares (None: none)
+    group: int | None = None
+    # The W3C `traceparent` sent (`[target] traceparent`): trace id per conversation, span id per request
+    traceparent: str | None = None
 
     @classmethod
     def from_trace(cls, run: str, tr: Trace, *, outcome: str, status: int | None = None,
@@ -174,7 +180,7 @@ class Record:
                      finish_reason, tool_calls, tr.chunks, tr.token_chunks, tr.comments,
                      tr.max_gap, tr.max_gap_at, dict(tr.t), tr.server_first_token_ns, tr.bad_events,
                      tr.id_sent, backend, cached_tokens, tr.conversation, None, tr.idle_ns, tr.first_output,
-                     tr.token_reads, tr.server)
+                     tr.token_reads, tr.server, tr.group, tr.traceparent)
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
@@ -210,7 +216,8 @@ def _builder() -> Any:
 
 _build = _builder()
 _OPTIONAL = frozenset({"server_first_token_ns", "bad_events", "id_sent", "backend", "cached_tokens",
-                       "conversation", "shard", "idle_ns", "first_output", "token_reads", "server"})
+                       "conversation", "shard", "idle_ns", "first_output", "token_reads", "server",
+                       "group", "traceparent"})
 
 
 class RecordWriter:

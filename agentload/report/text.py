@@ -67,6 +67,11 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
     con.print(f"timeouts (s): pool={c.get('pool_timeout_s')} connect={c.get('connect_timeout_s')} "
               f"read={c.get('read_timeout_s')} total={c.get('total_timeout_s')}  "
               f"stall after={s.get('after_s')} give_up={s.get('give_up_s')} on_give_up={s.get('on_give_up')}")
+    for g, x in (summary.get("groups") or {}).items():  # [conversation] prefix_groups
+        hit = "not reported" if x.get("cache_hit_rate") is None else f"{100 * x['cache_hit_rate']:.0f}%"
+        ttft = "-" if x.get("ttft_p50_ms") is None else f"{x['ttft_p50_ms']:.1f} / {x['ttft_p99_ms']:.1f} ms"
+        con.print(f"prefix group {g}: {x['agents']} agents, {x['completed']}/{x['requests']} requests completed, "
+                  f"cache hit rate {hit}, time to first token p50 / p99 {ttft}", soft_wrap=True, markup=False)
     late = run.get("start_late_ms")
     con.print(f"latency measured from {run.get('latency_from')}"
               + (f" (starts late by p50 {late['p50']:.1f} / p99 {late['p99']:.1f} ms)" if late else ""),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from hashlib import blake2b as _blake
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +99,34 @@ def _gave_up(ctx: "RunContext", trace: Trace) -> Result:
                   f"no progress in {trace.stalled_phase} for {ctx.scenario.stall.give_up_s:g}s")
 
 
+def _context_headers(ctx: "RunContext", trace: Trace, headers: dict[str, str] | None) -> dict[str, str]:
+    """The request's trace context (`traceparent`: a trace per conversation, a span per request) and
+    session header (`[target] session_header`), beside `headers` (a harness's own, through the proxy,
+    win: its traceparent is what the servers log)."""
+    target = ctx.scenario.target
+    out = dict(headers) if headers else {}
+    own = {k.lower() for k in out}
+    if target.traceparent:
+        if "traceparent" in own:
+            trace.traceparent = next(v for k, v in out.items() if k.lower() == "traceparent")
+        else:
+            trace.traceparent = out["traceparent"] = traceparent(ctx.run_id, trace)
+    name = target.session_header
+    if name and name.lower() not in own:
+        out[name] = (f"{ctx.run_id}-g{trace.group}" if target.session_scope == "group" and trace.group is not None
+                     else f"{ctx.run_id}-a{trace.agent}-k{trace.conversation}")
+    return out
+
+
+def traceparent(run_id: str, trace: Trace) -> str:
+    """W3C trace context: version 00, a trace id per conversation (run, agent, conversation), a span id
+    per request (from the request id sent, else the readable one), sampled."""
+    tid = _blake(f"{run_id}-a{trace.agent}-k{trace.conversation}".encode(), digest_size=16).hexdigest()
+    sid = trace.id_sent.replace("-", "")[:16] if trace.id_sent and len(trace.id_sent) >= 32 else \
+        _blake(trace.request_id.encode(), digest_size=8).hexdigest()
+    return f"00-{tid}-{sid}-01"
+
+
 def _client_gone(trace: Trace) -> Result:
     ph = trace.phase()
     waited = (_now() - trace.t.get("start", _now())) / 1e9
@@ -118,6 +147,8 @@ async def attempt(ctx: "RunContext", session, trace: Trace, body: "bytes | Conve
     id_header = target.request_id_header
     if id_header:  # the id the server sees, derived once per request from the readable one
         trace.id_sent = sent_request_id(trace.request_id, target.request_id_format)
+    if target.traceparent or target.session_header:
+        headers = _context_headers(ctx, trace, headers)
     result: Result | None = None
     bug: BaseException | None = None
     caught: BaseException | None = None
@@ -232,6 +263,7 @@ async def _conversation(ctx: "RunContext", st: AgentState, conv: Conversation, s
             rid = f"{ctx.run_id}-a{agent}-k{k}-r{rnd}-c{call}" if k else f"{ctx.run_id}-a{agent}-r{rnd}-c{call}"
             trace = Trace("agent", agent, rnd, call, rid, conv.n_messages, body.size, conv.tokens,
                           intended, conversation=k)
+            trace.group = conv.group
             intended = None
             st.state, st.since, st.trace = "request", _now(), trace
             rec, res = await attempt(ctx, session, trace, body)

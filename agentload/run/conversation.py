@@ -103,6 +103,43 @@ def tool_schemas(n: int) -> list[dict[str, Any]]:
     ]
 
 
+def _draw_group(cfg: ConversationConfig, rng: np.random.Generator) -> int:
+    """The agent's prefix group, drawn from its own stream (the same for the same seed)."""
+    w = cfg.group_weights or [1.0] * cfg.prefix_groups
+    u = rng.random() * sum(w)
+    for g, x in enumerate(w):
+        u -= x
+        if u < 0:
+            return g
+    return len(w) - 1
+
+
+_GROUP_TEXT: dict[tuple[int, int], str] = {}
+_GROUP_TOOLS: dict[tuple[int, int], list[dict[str, Any]]] = {}
+
+
+def group_text(group: int, tokens: int) -> str:
+    """A prefix group's shared system prompt: the same text for every agent of the group (drawn from
+    the group's own stream; one string per group, shared by all its agents)."""
+    key = (group, tokens)
+    text = _GROUP_TEXT.get(key)
+    if text is None:
+        text = _GROUP_TEXT[key] = synthetic_text(np.random.default_rng([0x6A0E, group]), tokens)
+    return text
+
+
+def group_tools(tools: list[dict[str, Any]], group: int) -> list[dict[str, Any]]:
+    """The group's tool list: the same tools (names unchanged: tool_choice still names them), each
+    described as the group's own, so two groups' requests differ from their first bytes."""
+    key = (group, len(tools))
+    out = _GROUP_TOOLS.get(key)
+    if out is None:
+        out = _GROUP_TOOLS[key] = [
+            {**t, "function": {**t["function"], "description": f"{t['function'].get('description', '')} "
+                                                              f"(product {group})"}} for t in tools]
+    return out
+
+
 _HEADS: dict[tuple, tuple[bytes, int]] = {}  # the body prefix and the tools' tokens, per settings
 
 
@@ -127,7 +164,7 @@ class Conversation:
 
     last_round = 0  # the round it ends after (0: agents.rounds decides); a replayed conversation sets its own
 
-    __slots__ = ("cfg", "model", "rng", "tools", "_tools_tokens", "_body", "_head_len", "n_messages",
+    __slots__ = ("group", "cfg", "model", "rng", "tools", "_tools_tokens", "_body", "_head_len", "n_messages",
                  "tokens", "agent", "round", "_latency_s", "_user_tokens", "_pending", "_in_body", "_packed",
                  "_enc", "_head", "_chained")
 
@@ -141,6 +178,9 @@ class Conversation:
         self.agent = agent
         self.round = 0
         self.tools = tools if tools is not None else tool_schemas(cfg.tools)
+        self.group = _draw_group(cfg, rng) if cfg.prefix_groups else None
+        if self.group is not None and self.tools:
+            self.tools = group_tools(self.tools, self.group)
         mod = apis.get(api)
         head, self._tools_tokens = _head(cfg, model, self.tools, mod)
         # Messages appended since the body was last made: joined into it once, when it is next
@@ -176,9 +216,13 @@ class Conversation:
             self.append({"role": "user", "content": text})
 
     def opening(self, rng: np.random.Generator) -> tuple[str, list[str]]:
-        """The system prompt and the first user turn(s): the agent's own text (a replayed trace with
-        shared prefixes: its blocks', `agentload.run.replay`)."""
+        """The system prompt and the first user turn(s): the agent's own text, after its prefix group's
+        shared prompt if it has one (a replayed trace with shared prefixes: its blocks',
+        `agentload.run.replay`)."""
         sys_text = synthetic_text(rng, self.cfg.system_tokens.sample_int(rng))
+        if self.group is not None and self.cfg.shared_system_tokens:
+            shared = group_text(self.group, self.cfg.shared_system_tokens)
+            sys_text = shared + " " + sys_text if sys_text else shared
         return sys_text, [synthetic_text(rng, max(1, self.cfg.user_tokens.sample_int(rng)))]
 
     def append(self, message: dict[str, Any]) -> None:

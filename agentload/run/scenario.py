@@ -253,6 +253,13 @@ class TargetConfig:
     # any other X-Request-ID), or that readable id itself; records keep both (request_id, id_sent)
     request_id_header: str = setting("X-Request-ID", _RequestIdHeader())
     request_id_format: Literal["uuid", "readable"] = "uuid"
+    # a header naming the conversation, for routers' session affinity (smg's X-SMG-Routing-Key, ...):
+    # its value is "<run>-a<agent>-k<conversation>", or "<run>-g<group>" with session_scope = "group"
+    session_header: Optional[str] = setting(None, Opt(_HeaderName(literal_value=False)))
+    session_scope: Literal["conversation", "group"] = "conversation"
+    # W3C trace context on every request (`traceparent`: a trace per conversation, a span per
+    # request), so a router's and an engine's traces join agentload's records
+    traceparent: bool = True
 
     def _validate(self, at: At) -> None:
         problem = endpoint_problem(self.endpoint, self.api) if self.endpoint is not None else None
@@ -322,8 +329,21 @@ class ConversationConfig:
     # answer's `previous_response_id` (and `store: true`), so the context grows on the server, as a
     # stateful Responses client does; false (the default): the whole input every round, `store: false`
     responses_chain: bool = False
+    # Prefix groups (several products side by side, many agents each): each agent is drawn into one of
+    # prefix_groups groups (0: none, every agent its own prompt); a group's agents share a system
+    # prompt of shared_system_tokens and their tool list (described per group), before each agent's
+    # own system_tokens; group_weights: each group's share of the agents (default: equal)
+    prefix_groups: int = setting(0, Whole(0))
+    shared_system_tokens: int = setting(0, Whole(0))
+    group_weights: list[float] = setting([], Items(Number(0, above=True)))
 
     def _validate(self, at: At) -> None:
+        if self.group_weights and len(self.group_weights) != self.prefix_groups:
+            (at / "group_weights").error(f"expected one weight per group ({at.key}.prefix_groups = "
+                                         f"{self.prefix_groups}), got {len(self.group_weights)}")
+        if self.shared_system_tokens and not self.prefix_groups:
+            (at / "shared_system_tokens").error(f"expected {at.key}.prefix_groups >= 1 with a shared system "
+                                                f"prompt (0 groups: every agent has its own)")
         choice = self.tool_choice
         if choice is None:
             return
