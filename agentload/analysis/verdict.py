@@ -106,7 +106,7 @@ TIMEOUT_ERRORS = {"total_timeout", "read_timeout", "ServerTimeoutError"}
 SLOW_CANARY_SHARE = 0.5
 # answers that came back but were not what the protocol says (see agentload.run.request)
 PROTOCOL_ERRORS = {"not_a_stream", "bad_response", "malformed_stream", "empty_stream", "no_finish_reason",
-                   "bad_tool_call"}
+                   "bad_tool_call", "content_encoding"}
 
 
 def is_server_error(error: str | None) -> bool:

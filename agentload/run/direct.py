@@ -14,7 +14,8 @@ exchange on the same connector, protocol and parser:
   request id and Content-Length change per request), written with the body in one transport
   write; `sent` stamped once the write is handed to the transport (after a drain, if the
   transport asked for one). No redirect is followed (a 3xx is an answer, judged as any other:
-  agents POST to an API) and no cookie is kept.
+  agents POST to an API) and no cookie is kept. A body the server compressed though agentload asked
+  for identity is decompressed by aiohttp's parser (gzip, deflate), as under `session.post`.
 
 Its aiohttp internals (pyproject pins the aiohttp minors they were tested with) are checked once
 per process (`missing_hooks`); if any is missing, requests go through `session.post` as before and
@@ -97,7 +98,7 @@ class DirectPost:
         lines.insert(0, ("", f"POST {u.raw_path_qs} HTTP/1.1\r\n"))
         self.head = "".join(line for _, line in lines).encode()  # (the API key is in these bytes, and nowhere else here)
         self.params: dict[str, Any] = {
-            "skip_payload": False, "read_until_eof": True, "auto_decompress": False,
+            "skip_payload": False, "read_until_eof": True, "auto_decompress": True,
             "read_bufsize": getattr(session, "_read_bufsize", 2 ** 16),
             "timeout_ceil_threshold": getattr(connector, "_timeout_ceil_threshold", 5),
             "max_line_size": getattr(session, "_max_line_size", 8190),

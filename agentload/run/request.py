@@ -20,6 +20,10 @@ The verdict fails closed: a response is `ok` only if it is what was asked for. E
   finish_reason (an answer that finished empty, with a finish_reason, is ok).
 - `incomplete_stream`: tokens came, then the stream ended with neither finish_reason nor [DONE].
 - `no_finish_reason`: tokens came, then [DONE], but no finish_reason: an answer cut short.
+- `content_encoding`: a 2xx body in a `Content-Encoding` agentload cannot decode (it asks for
+  identity; gzip and deflate sent anyway are decoded by aiohttp's parser, on either request path):
+  one aiohttp does not know (`x-snappy`, `gzip, br`), or br/zstd without their package. The
+  message names the encoding.
 - `bad_tool_call`: a tool call that cannot be sent back: its arguments joined are not JSON (a
   Messages `tool_use`'s input not an object), or it has no id or name (Messages, Responses).
 
@@ -35,6 +39,7 @@ otherwise ok. `first_token` is stamped only when a token arrived.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -62,6 +67,10 @@ _FIRST_BYTES = 120  # bytes of an unexpected body quoted in the error message
 _SERVER_STAMP = b'"mock_sent_ns":'
 _STREAM_KEY = b'"stream":'
 _SSE_TYPE = "text/event-stream"
+# the encodings aiohttp's parser decodes (br and zstd only with their packages: else it refuses the
+# response's head, `_decode_refused`); any other Content-Encoding comes through as it was sent
+_DECODED = frozenset({"identity", "gzip", "deflate", "br", "zstd"})
+_DECODE_REFUSED = "can not decode content-encoding"
 
 
 # uuid5(REQUEST_ID_NAMESPACE, readable id) is the id sent by default: a server's log line with it
@@ -113,6 +122,32 @@ def first_bytes(raw: bytes, limit: int = _FIRST_BYTES) -> str:
     text = redact.redact(raw[:4 * limit].decode("utf-8", "replace"))[:limit]
     text = text.replace("\r", " ").replace("\n", " ").replace("\t", " ")
     return text + ("..." if len(raw) > limit else "")
+
+
+def content_encoding_error(enc: str, status: int | None, ctype: str, why: str = "") -> Result:
+    """The answer of a body in an encoding agentload cannot decode (see `content_encoding`)."""
+    came = f"{_what_came(status, ctype)} " if status is not None else "an answer "
+    return Result(status, None, "content_encoding",
+                  f"{came}with Content-Encoding: {enc}, which agentload cannot decode (it asked for identity; "
+                  f"it decodes gzip and deflate){f': {why}' if why else ''}")
+
+
+def _undecoded(headers: Any) -> str | None:
+    """The response's Content-Encoding when aiohttp's parser did not decode it, else None."""
+    enc = headers.get("Content-Encoding")
+    if enc is None or enc.strip().lower() in _DECODED:
+        return None
+    return enc
+
+
+def _decode_refused(e: aiohttp.ClientResponseError) -> Result | None:
+    """aiohttp refused a response's head for an encoding it knows but cannot decode here (br
+    without Brotli, zstd without its package): that answer, naming the encoding, else None."""
+    msg = str(e.message)
+    if _DECODE_REFUSED not in msg.lower():
+        return None
+    m = re.search(r"\((\w+)\)", msg)
+    return content_encoding_error(m.group(1) if m else msg.rsplit(" ", 1)[-1], None, "", msg)
 
 
 def _what_came(status: int, ctype: str) -> str:
@@ -480,6 +515,20 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | Con
         cm: Any = direct.post(body, headers, trace, tm)
     else:
         cm = session.post(url, data=body, headers=headers, trace_request_ctx=trace, timeout=tm)
+    try:
+        return await _response(session, cm, body, trace, stream, id_header, tap)
+    except aiohttp.ClientResponseError as e:  # (a head aiohttp could not take: a refused encoding?)
+        refused = _decode_refused(e)
+        if refused is None:
+            raise
+        t.setdefault("end", _now())
+        return refused
+
+
+async def _response(session: aiohttp.ClientSession, cm: Any, body: "bytes | ConversationBody", trace: Trace,
+                    stream: bool | None, id_header: str | None, tap: "Tap | None") -> Result:
+    """`_exchange`'s response (`cm`: the request, as `session.post` gives it), read to the end."""
+    t = trace.t
     async with cm as resp:
         status = resp.status
         server = resp.headers.get("Server")
@@ -504,6 +553,10 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | Con
             msg = msg.replace("\n", " ")[:_ERROR_BODY_LIMIT]
             return Result(status, None, f"http_{status}", msg, _retry_after(resp))
         ctype = resp.headers.get("Content-Type", "")
+        enc = _undecoded(resp.headers)
+        if enc is not None:  # nothing in it can be read: not read (the connection is not reused)
+            t["end"] = _now()
+            return content_encoding_error(enc, status, ctype)
         if _SSE_TYPE not in ctype and _SSE_TYPE not in ctype.lower():
             raw = await resp.read()
             now = _now()

@@ -425,8 +425,10 @@ def request_headers(target: TargetConfig) -> dict[str, str]:
     lives only in the session's header map: never in the scenario, records or reports."""
     # A User-Agent of our own: it names the load generator in router logs, and aiohttp then adds
     # none (asking aiohttp to skip its own, with skip_auto_headers, costs a header-dict copy per
-    # request). Accept-Encoding identity: bodies are read raw (auto_decompress=False), so a
-    # compressed stream must not be asked for (aiohttp would otherwise offer gzip/deflate).
+    # request). Accept-Encoding identity: a compressed stream costs both sides CPU and buys nothing
+    # on the sizes of a chat answer (aiohttp would otherwise offer gzip/deflate); one that comes
+    # anyway (a proxy that compresses whatever it is given) is decoded by aiohttp's parser
+    # (auto_decompress), and one it cannot decode is named (`request.content_encoding_error`).
     h = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json",
          "Accept-Encoding": "identity", "User-Agent": f"agentload/{__version__}"}
     h.update(target.headers)
@@ -494,7 +496,7 @@ class Transport:
     def _session(self, connector: aiohttp.TCPConnector, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
         extra: dict[str, Any] = {"request_class": _TracedRequest} if self.traced_classes else {}
         session = aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=self._trace_configs,
-                                        headers=self.headers, auto_decompress=False, **extra)
+                                        headers=self.headers, auto_decompress=True, **extra)
         if self.direct:  # requests to the target skip session.post's per-request layers (`direct`)
             connector.direct = DirectPost(session, self.url)  # type: ignore[attr-defined]
         return session
