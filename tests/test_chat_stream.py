@@ -251,14 +251,32 @@ def test_error_event_from_sse_always_reports_error():
 
 def test_done_and_bad_json_never_raise():
     cs = ChatStream()
-    assert cs.add(b"[DONE]") == DONE
-    assert cs.add(b" [DONE] ") == DONE
+    assert cs.add(b" [DONE] ") == DONE and cs.done and cs.dones == 1
+    cs = ChatStream()
     assert cs.add(b"{not json") == BAD_JSON
     assert cs.add(b"") == BAD_JSON
     assert cs.add(b"[1, 2]") == BAD_JSON  # JSON but not an object
     assert cs.add(b"\xff\xfe") == BAD_JSON
-    assert cs.bad_json == 4 and cs.chunks == 6 and cs.done
-    assert cs.dones == 2 and cs.first_bad == b"{not json"
+    assert cs.add(b"[DONE]") == DONE
+    assert cs.bad_json == 4 and cs.chunks == 5 and cs.done
+    assert cs.dones == 1 and cs.first_bad == b"{not json"
+
+
+def test_nothing_after_done_is_taken_only_counted():
+    """[DONE] ends the answer (an SDK client stops there): tokens, a finish_reason, usage, errors and
+    garbage after it are counted in after_done, never taken; a second [DONE] only in dones."""
+    cs = ChatStream()
+    assert cs.add_many([chunk({"content": "hi"}), b"[DONE]", chunk({"content": " more"})]) == TOKEN | DONE
+    assert cs.add(chunk({}, "stop")) == 0
+    assert cs.add(b"[DONE]") == 0
+    assert cs.add(usage_chunk()) == 0
+    assert cs.add(b"not json") == 0
+    assert cs.add_error_event(b'{"error": "late"}') == 0
+    assert cs.add_many([chunk({"content": " and"}), chunk({"content": " more"})]) == 0
+    assert cs.content == "hi" and cs.token_chunks == 1 and cs.finish_reason is None and cs.usage is None
+    assert cs.error is None and cs.bad_json == 0 and cs.chunks == 2 and cs.dones == 2
+    assert cs.after_done == 7 and cs.after_done_tokens == 3
+    assert cs.first_after_done == chunk({"content": " more"})[:120]
 
 
 def test_error_event_payloads_are_errors_not_malformed_events():
@@ -613,16 +631,19 @@ def test_a_learned_shape_skips_parsing_and_a_mismatch_is_parsed():
     first = chunk({"content": "a"}, mock_sent_ns=7)
     rest = [chunk({"content": f" w{i}"}) for i in range(31)]
     assert cs.add_many([chunk({"role": "assistant", "content": ""}), first, *rest, chunk({}, "stop"),
-                        usage_chunk(), b"[DONE]"]) == TOKEN | FINISH | USAGE | DONE
+                        usage_chunk()]) == TOKEN | FINISH | USAGE
     head, tail, call = cs._shape
     assert call is None and head.endswith(b'"content":"') and tail.startswith(b'"},"logprobs":null')
     assert cs.content == "a" + "".join(f" w{i}" for i in range(31))
-    assert cs.token_chunks == 32 and cs.chunks == 36 and cs.first_token_payload == first
+    assert cs.token_chunks == 32 and cs.chunks == 35 and cs.first_token_payload == first
     # a chunk of that shape whose text is not one JSON string: parsed, so a malformed event here
     assert cs.add_many([head + b'x"y' + tail, head + b'ok' + tail]) == BAD_JSON | TOKEN
     assert cs.bad_json == 1 and cs.content.endswith(" w30ok")
     # ... and another key next to the text: parsed, so taken as any chunk with that delta
     assert cs.add_many([head + b'x","y":"' + tail]) == TOKEN and cs.content.endswith("okx")
+    # after [DONE], a chunk of that shape is not taken either
+    assert cs.add_many([b"[DONE]", head + b'late' + tail]) == DONE and cs.content.endswith("okx")
+    assert cs.after_done == 1 and cs.after_done_tokens == 1
 
 
 def test_no_shape_is_learned_where_the_key_could_be_another_one():
@@ -633,3 +654,50 @@ def test_no_shape_is_learned_where_the_key_could_be_another_one():
     cs = ChatStream()
     assert cs.add_many([first]) == TOKEN and cs._shape is None
     assert cs.add_many([second]) == TOKEN and cs.content == "xx"
+
+
+# ----------------------------------------------------------------------------- tool-call problems
+
+
+def _problems(*payloads, expected=False):
+    cs = ChatStream()
+    cs.add_many(list(payloads))
+    return cs.tool_call_problems(expected)
+
+
+def test_whole_tool_calls_have_no_problems():
+    assert _problems(chunk({"tool_calls": [tc(0, id="c0", name="f", arguments="")]}),
+                     chunk({"tool_calls": [tc(0, arguments='{"q": 1}')]}),
+                     chunk({"tool_calls": [tc(0, id="c0", arguments="")]}),  # the same id again: the same call
+                     chunk({"tool_calls": [tc(1, id="c1", name="g", arguments="{}", nulls=True)]}),
+                     chunk({"tool_calls": [tc(1, id=None, arguments="", nulls=True)]}),  # SGLang's nulls
+                     chunk({}, "tool_calls")) is None
+    assert _problems(chunk({"content": "hi"}), chunk({}, "length")) is None  # text cut, no call asked for
+    assert _problems(chunk({"content": "hi"}), chunk({}, "stop"), expected=True) is None
+
+
+def test_tool_call_problems_name_what_the_server_sent():
+    got = _problems(chunk({"tool_calls": [tc(0, name="f", arguments='{"q": "ab')]}), chunk({}, "length"))
+    assert got == ["truncated: finish_reason length after 1 token chunk(s): 1 tool call(s), the arguments of 1 cut "
+                   "mid-JSON", "no_id: call 0 (f) came without an id (a tool result cannot name it)",
+                   'bad_arguments: call 0 (f) arguments are not JSON (9 chars): "{\\"q\\": \\"ab"']
+    got = _problems(chunk({"tool_calls": [tc(0, id="", name="f", arguments='[1]')]}), chunk({}, "tool_calls"))
+    assert [p.split(":")[0] for p in got] == ["no_id", "bad_arguments"] and "a JSON array" in got[1]
+    got = _problems(chunk({"tool_calls": [tc(0, id="a", arguments='{"q": 1}')]}),
+                    chunk({"tool_calls": [tc(0, id="b", name="g", arguments='{"q": 2}')]}))
+    assert [p.split(":")[0] for p in got] == ["bad_arguments", "ids_on_one_index"]
+    assert 'index 0 carried the ids "a" and "b"' in got[1]
+    got = _problems(chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "f", "arguments": {"q": 1}}}]}))
+    assert got == ["bad_arguments: index 0 sent its arguments as a JSON object, not a string"]
+    got = _problems(chunk({"tool_calls": [tc(0, id="a", arguments='{}')]}))
+    assert got == ["no_name: call 0 came without a function name"]
+    got = _problems(chunk({"content": "I will"}), chunk({}, "length"), expected=True)
+    assert got == ["truncated: finish_reason length after 1 token chunk(s): no tool call, though one was asked for"]
+
+
+def test_tool_call_problems_of_a_non_streamed_answer():
+    body = orjson.dumps({"choices": [{"index": 0, "finish_reason": "length", "message": {
+        "role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                             "function": {"name": "f", "arguments": '{"q": '}}]}}]})
+    got = ChatStream.from_response(body).tool_call_problems()
+    assert [p.split(":")[0] for p in got] == ["truncated", "bad_arguments"]

@@ -1209,3 +1209,111 @@ def test_bursts_the_server_sent_late_itself_or_that_agentloads_lag_gathered_are_
     run = _buffered(reads=1, wait_ms=500)
     run.sample(loop_lag_ms=300.0)
     assert "buffered_stream" not in kinds(run)
+
+
+# ------------------------------------------------------------------ truncated, malformed_tool_calls, protocol
+
+CUT = ["truncated: finish_reason length after 2 token chunk(s): 1 tool call(s), the arguments of 1 cut mid-JSON",
+       'bad_arguments: call 0 (tool_1) arguments are not JSON (13 chars): "{\\"query\\": \\"ab"']
+WHOLE_CUT = ["truncated: finish_reason length after 3 token chunk(s): 1 tool call(s) with whole arguments"]
+NO_ID = ["no_id: call 0 (tool_1) came without an id (a tool result cannot name it)"]
+
+
+def test_answers_cut_mid_arguments_are_truncated_and_stopped_their_agents():
+    run = model_run(agents=4, rounds=3)
+    run.agents_done(range(4), range(1, 2))
+    for a in range(3):
+        run.ok(a, 2, finish_reason="length", tool_call_problems=CUT)
+    run.agents_done(range(3, 4), range(2, 4))
+    v = diagnose(run.data())
+    assert (v["kind"], v["first_round"], v["agents_affected"], v["agents_stopped"]) == ("truncated", 2, 3, 3), v
+    assert v["summary"].startswith("truncated: 3 of 9 answers were cut by max_tokens (finish_reason length)")
+    assert "cut mid-JSON in 3" in v["summary"] and "3 of 4 agents ended there" in v["summary"]
+    ev = "\n".join(v["evidence"])
+    assert "round 2: 3; finish_reason: length x3" in ev and '"{\\"query\\": \\"ab"' in ev
+    assert "conversation.max_tokens = 32" in ev
+    out = {o["agent"]: o for o in agent_outcomes(run.data())}
+    assert [out[a]["outcome"] for a in range(4)] == ["bad_tool_calls"] * 3 + ["done"]
+    assert out[0]["bad_tool_calls_round"] == 2 and out[0]["tool_call_problems"] == CUT
+    assert "no_tool_calls" not in kinds(run)
+
+
+def test_cut_after_whole_tool_calls_is_truncated_but_stops_no_one():
+    run = model_run(agents=2, rounds=2)
+    for rnd in (1, 2):
+        for a in range(2):
+            run.ok(a, rnd, finish_reason="length", tool_call_problems=WHOLE_CUT)
+    v = diagnose(run.data())
+    assert v["kind"] == "truncated" and v["agents_stopped"] == 0 and "ended there" not in v["summary"], v
+    assert {o["outcome"] for o in agent_outcomes(run.data())} == {"done"}
+
+
+def test_a_forced_tool_call_cut_before_any_is_truncated_not_no_tool_calls():
+    run = model_run(agents=2, rounds=3)
+    for a in range(2):
+        run.ok(a, 1, finish_reason="length", tool_calls=0,
+               tool_call_problems=["truncated: finish_reason length after 4 token chunk(s): no tool call, "
+                                   "though one was asked for"])
+    assert kinds(run) == ["truncated"]
+    assert diagnose(run.data())["agents_stopped"] == 2
+
+
+def test_malformed_tool_calls_stop_model_agents_and_not_scripted_ones():
+    run = model_run(agents=3, rounds=3)
+    run.ok(0, 1, tool_call_problems=NO_ID)
+    run.ok(1, 1, tool_call_problems=['ids_on_one_index: index 0 carried the ids "a" and "b": two calls that would '
+                                     'be merged into one'])
+    run.agents_done(range(2, 3), range(1, 4))
+    v = diagnose(run.data())
+    assert (v["kind"], v["agents_stopped"], v["first_round"]) == ("malformed_tool_calls", 2, 1), v
+    assert "2 of 5 answers had tool calls" in v["summary"], v
+    assert "no_id x1" in v["summary"] and "ids_on_one_index x1" in v["summary"]
+    assert any("came without an id" in e for e in v["evidence"])
+    # scripted: the same answers stop no one, but keep the verdict from healthy
+    run.meta["scenario"]["conversation"]["mode"] = "scripted"
+    v = diagnose(run.data())
+    assert v["kind"] == "malformed_tool_calls" and v["agents_stopped"] == 0
+    assert any('mode = "scripted"' in e for e in v["evidence"])
+
+
+def test_tool_call_findings_in_the_last_round_stop_no_one_and_yield_to_errors_that_stopped_more():
+    run = model_run(agents=3, rounds=2)
+    run.agents_done(range(3), range(1, 2))
+    run.ok(0, 2, tool_call_problems=NO_ID)  # the last round: the conversation was over anyway
+    run.error(1, 2, "http_500")
+    run.error(2, 2, "http_500")
+    assert kinds(run) == ["server_errors", "malformed_tool_calls"]
+    assert diagnose(run.data())["secondary"][0]["agents_stopped"] == 0
+
+
+def test_tool_call_facts_are_tallies_not_records():
+    run = model_run(agents=50, rounds=3)
+    for a in range(50):
+        run.ok(a, 1, tool_call_problems=WHOLE_CUT, finish_reason="length")
+        run.ok(a, 2)
+    acc = FactsAccumulator()
+    for r in run.records:
+        acc.add(r)
+    assert acc.troubled == [] and acc.truncated.records == 50 and acc.truncated.codes == {"truncated": 50}
+    assert len(acc.truncated.agents) == 50 and acc.truncated.rounds == {1: 50}
+
+
+def test_protocol_notes_are_a_protocol_finding_that_stops_no_one():
+    run = healthy_base(agents=2, rounds=2)
+    run.ok(0, 3, protocol=["events_after_done: 2 data event(s) after [DONE], 2 with tokens (not counted: the "
+                           "answer ends at [DONE]); first: x"])
+    run.ok(1, 3, protocol=["held_open_after_done: the body was still open 1 s after [DONE]; agentload ended the "
+                           "read there and closed the connection"])
+    v = diagnose(run.data())
+    assert (v["kind"], v["agents_stopped"], v["first_round"], v["phase"]) == ("protocol", 0, 3, "stream"), v
+    assert "2 of 6 answers broke the stream protocol around [DONE]" in v["summary"]
+    assert "data events after [DONE] in 1" in v["summary"] and "held the body open after [DONE] in 1" in v["summary"]
+    ev = "\n".join(v["evidence"])
+    assert "2 with tokens" in ev and "still open 1 s after [DONE]" in ev and "SDK client" in ev
+
+
+def test_protocol_yields_to_a_finding_that_stopped_agents():
+    run = healthy_base(agents=2, rounds=2)
+    run.ok(0, 3, protocol=["held_open_after_done: x"])
+    run.error(1, 3, "malformed_stream")
+    assert kinds(run) == ["bad_responses", "protocol"]

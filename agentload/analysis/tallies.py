@@ -8,7 +8,9 @@
 - `TimeCounts`: events per label over time in a fixed number of buckets (counts per cell of time,
   not the events), for the over-time charts of a run whose end is not known before the pass;
 - `CanaryTally`: the canaries (one a second for as long as the run lasts) without their records:
-  a completed one is its start and its e2e (16 bytes); only the others are kept as records.
+  a completed one is its start and its e2e (16 bytes); only the others are kept as records;
+- `CodeTally`: the records that carry `code: detail` lines (a record's `protocol` or
+  `tool_call_problems`): per code how many, the first detail, and their rounds and agents.
 """
 
 from __future__ import annotations
@@ -273,3 +275,36 @@ class ReuseTally:
         """Reused / (new + reused); None when no request got a connection."""
         n = self.new + self.reused
         return self.reused / n if n else None
+
+
+class CodeTally:
+    """Records carrying `code: detail` lines, without the records: how many, per code how many and
+    the first one's detail, how many per round, which agents, and the finish_reasons they ended
+    with; bounded by the codes, rounds and agents, whatever the run length. `first` is in the
+    order the pass sees the records."""
+
+    __slots__ = ("records", "codes", "first", "rounds", "agents", "finish")
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.codes: Counter = Counter()  # code -> records with it
+        self.first: dict[str, str] = {}  # code -> the first record's detail
+        self.rounds: Counter = Counter()  # round -> records
+        self.agents: set[int] = set()
+        self.finish: Counter = Counter()  # finish_reason ("none") -> records
+
+    def add(self, r: Record, lines: list[str]) -> None:
+        self.records += 1
+        self.rounds[r.round] += 1
+        self.agents.add(r.agent)
+        self.finish[r.finish_reason or "none"] += 1
+        seen = set()
+        for line in lines:
+            code, _, detail = str(line).partition(": ")
+            if code not in seen:
+                seen.add(code)
+                self.codes[code] += 1
+            self.first.setdefault(code, detail)
+
+    def __bool__(self) -> bool:
+        return self.records > 0

@@ -28,12 +28,13 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from agentload.endpoint import api_url, base_path, with_version
-from agentload.records import PROBE_KINDS, Record, phase_at, phase_ns
+from agentload.records import PROBE_KINDS, Record, phase_at, phase_ns, tool_calls_sendable
+from agentload.records.record import TRUNCATED
 from agentload.records.overflow import overflow
 from agentload.records.phases import SERVER_PHASES, phase_begin
 from agentload.analysis.passes import one_pass, order_key
 from agentload.analysis.stats import SparseHistogram, band_ranges, fmt_dur as _dur, pct_ms, percentiles_ms, quantile_ms
-from agentload.analysis.tallies import CanaryTally, FirstSeenCounts, ReuseTally, SizeCounts, Spans
+from agentload.analysis.tallies import CanaryTally, CodeTally, FirstSeenCounts, ReuseTally, SizeCounts, Spans
 from agentload.analysis.router import MIN_NAMED_BACKENDS, attribute, backend_evidence, router_inflight
 from agentload.analysis.target_evidence import engine_queue_evidence, router_evidence, target_evidence
 from agentload.analysis.proxies import (BURST_CHUNKS_PER_READ, BURST_MIN_CHUNKS, BURST_MIN_WAIT_MS, AdmissionLimit,
@@ -59,7 +60,10 @@ class Kind(str, Enum):
     DISCONNECTS = "disconnects"  # the other side closed connections, mid-answer or stale keep-alive
     SERVER_ERRORS = "server_errors"  # HTTP errors or in-band error events
     BAD_RESPONSES = "bad_responses"  # answers agentload could not read as the protocol says
+    PROTOCOL = "protocol"  # answers read, but the stream broke the protocol around [DONE]
     OTHER_ERRORS = "other_errors"  # request failures of a class no other rule explains
+    TRUNCATED = "truncated"  # answers cut by max_tokens (finish_reason length) with a tool call in them or asked for
+    MALFORMED_TOOL_CALLS = "malformed_tool_calls"  # tool calls that could not be sent back as they came
     NO_TOOL_CALLS = "no_tool_calls"  # mode model: the model answered without a tool call, agents ended early
     CANARY_FAILURES = "canary_failures"  # canaries failed while no agent finding explains it
     ROUTER_LEAK = "router_leak"  # the router still counts requests in flight after every one of agentload's ended
@@ -182,8 +186,18 @@ class AgentTally:
 
     def ended_without_tool_call(self, max_rounds: int) -> bool:
         """In mode model: its last request completed before the last round with no tool call, so the
-        agent had nothing to go on with (agent.run_agent ends the conversation there)."""
-        return ((self.last is None or self.last.outcome == "ok") and self.last_tools == 0
+        agent had nothing to go on with (agent.run_agent ends the conversation there). An answer with
+        tool-call problems is `ended_on_tool_call_problems`'s."""
+        return ((self.last is None or (self.last.outcome == "ok" and not self.last.tool_call_problems))
+                and self.last_tools == 0 and 0 < self.last_round < max_rounds)
+
+    def ended_on_tool_call_problems(self, max_rounds: int) -> bool:
+        """In mode model: its last request completed before the last round with tool calls that could
+        not be sent back as they came (or cut by max_tokens with none), so agent.run_agent ended the
+        conversation there."""
+        last = self.last
+        return (last is not None and last.outcome == "ok" and bool(last.tool_call_problems)
+                and (not tool_calls_sendable(last.tool_call_problems) or self.last_tools == 0)
                 and 0 < self.last_round < max_rounds)
 
 
@@ -200,6 +214,10 @@ def token_pace_ns(r: Record) -> int | None:
 def _troubled(r: Record) -> bool:
     """A request the verdict may quote: it stalled, did not complete, or carried malformed events."""
     return bool(r.stalled_phase) or r.outcome != "ok" or bool(getattr(r, "bad_events", 0))
+
+
+def _truncated(problems: list[str]) -> bool:
+    return any(p.startswith(TRUNCATED + ":") for p in problems)
 
 
 class FactsAccumulator:
@@ -241,6 +259,9 @@ class FactsAccumulator:
         self.fine_server_prompt_max: int | None = None  # the largest prompt that completed, by the server's count
         self._probes: list[tuple[tuple[int, int], Record]] = []
         self.probes: list[Record] = []  # the stall probes' records, in the requests' order once closed
+        self.protocol = CodeTally()  # agent records with `protocol` notes (events after [DONE], ...)
+        self.truncated = CodeTally()  # agent records with tool-call problems, one of them `truncated`
+        self.malformed = CodeTally()  # ... and the others
         self._closed = False
 
     def add(self, r: Record) -> None:
@@ -272,6 +293,11 @@ class FactsAccumulator:
         if st is None:
             st = self.agent_state[r.agent] = AgentTally()
         st.requests += 1
+        if r.protocol:
+            self.protocol.add(r, r.protocol)
+        problems = r.tool_call_problems
+        if problems:
+            (self.truncated if _truncated(problems) else self.malformed).add(r, problems)
         bad = _troubled(r)
         if bad:
             self._troubled.append((key, r))
@@ -288,7 +314,7 @@ class FactsAccumulator:
                     st.gaps = []
                 st.gaps.append(down - st.last_end)
             st.last_end = t.get("end") or st.last_end
-            st.last_order, st.last = order, (r if bad else None)
+            st.last_order, st.last = order, (r if bad or problems else None)
             st.last_round, st.last_tools, st.last_finish, st.last_tokens = (r.round, r.tool_calls, r.finish_reason,
                                                                             r.token_chunks)
         ns = phase_ns(t, "pool_wait", r.reused)
@@ -589,6 +615,11 @@ class Facts:
         self.no_tool_call: dict[int, tuple[int, str | None, int]] = {
             a: (st.last_round, st.last_finish, st.last_tokens) for a, st in acc.agent_state.items()
             if self.model_mode and a not in crashed and st.ended_without_tool_call(self.max_rounds)}
+        # mode model: agents whose conversation ended on an answer with tool-call problems (its record)
+        self.tool_call_stopped: dict[int, Record] = {
+            a: st.last for a, st in acc.agent_state.items()
+            if self.model_mode and a not in crashed and st.last is not None
+            and st.ended_on_tool_call_problems(self.max_rounds)}
 
     def stopped_by(self, pred: Callable[[Record], bool]) -> set[int]:
         """Agents whose last request failed in a way `pred` accepts (their conversation ended there)."""
@@ -1585,6 +1616,44 @@ def rule_bad_responses(f: Facts) -> Finding | None:
     return fnd
 
 
+_PROTOCOL_WHAT = {
+    "events_after_done": "data events after [DONE]",
+    "held_open_after_done": "the server held the body open after [DONE]",
+}
+_PROTOCOL_WHY = {
+    "events_after_done": "[DONE] ends the answer: an SDK client (openai-python's stream) stops there, so what "
+                         "came after it reaches no agent; agentload counted none of it (tokens, finish_reason, "
+                         "usage)",
+    "held_open_after_done": "the answer was complete at [DONE], but the body did not end: an SDK client that reads "
+                            "to the body's end waits for it, and the connection cannot serve another request; "
+                            "agentload ended the read then and closed the connection (its e2e ends at the "
+                            "[DONE])",
+}
+
+
+def rule_protocol(f: Facts) -> Finding | None:
+    """Answers that were read, but whose stream broke the protocol around its [DONE]: events after
+    it (never counted), a body held open past it (ended by agentload). Nothing stopped: no agent
+    ended on it, but agentload did not see these go right."""
+    t = f.acc.protocol
+    if not t:
+        return None
+    lo = min(t.rounds)
+    what = "; ".join(f"{_PROTOCOL_WHAT.get(code, code)} in {n}" for code, n in t.codes.most_common())
+    fnd = Finding(Kind.PROTOCOL,
+                  f"protocol: {t.records} of {f.requests} answers broke the stream protocol around [DONE] ({what}), "
+                  f"first in round {lo}; each answer was taken up to its [DONE]",
+                  "stream", lo, len(t.agents), 0)
+    ev = fnd.evidence
+    ev.append("answers by round: " + fmt_round_counts(t.rounds))
+    for code, n in t.codes.most_common():
+        ev.append(f"{code} ({n} answer(s)), the first: {t.first.get(code, '')}")
+        why = _PROTOCOL_WHY.get(code)
+        if why:
+            ev.append(why)
+    return fnd
+
+
 def rule_other_errors(f: Facts) -> Finding | None:
     """Failures of a class no other rule knows: named, never dropped."""
     known = DISCONNECT_ERRORS | CONNECT_ERRORS | PROTOCOL_ERRORS
@@ -1597,6 +1666,60 @@ def rule_other_errors(f: Facts) -> Finding | None:
                          None)
     fnd.evidence.append(f"sample message: {errs[0].error_msg}")
     return fnd
+
+
+def _tool_call_finding(f: Facts, kind: Kind, t: CodeTally, head: str, truncated: bool) -> Finding:
+    """The finding of answers with tool-call problems (`t`: those records, tallied)."""
+    stopped = {a for a, r in f.tool_call_stopped.items() if _truncated(r.tool_call_problems) == truncated}
+    lo = min(t.rounds)
+    summary = f"{head}, first in round {lo}"
+    if stopped:
+        summary += (f"; {len(stopped)} of {len(f.agents)} agents ended there: agentload never sends back a "
+                    f"tool call it would have to invent or repair")
+    fnd = Finding(kind, summary, None, lo, len(t.agents), len(stopped))
+    ev = fnd.evidence
+    ev.append("answers by round: " + fmt_round_counts(t.rounds) + f"; finish_reason: {fmt_counts(t.finish)}")
+    for code, n in t.codes.most_common():
+        ev.append(f"{code} in {n} answer(s), the first: {t.first.get(code, '')}")
+    if f.model_mode:
+        ev.append("conversation.mode = \"model\": an answer whose tool calls cannot be sent back as they came "
+                  "ends that agent's conversation (a real harness could not run them either); one cut after "
+                  "whole tool calls goes on with them")
+    else:
+        ev.append("conversation.mode = \"scripted\": the agents sent their own tool calls back and went on; an "
+                  "agent that runs the model's calls could not have")
+    return fnd
+
+
+def rule_truncated(f: Facts) -> Finding | None:
+    """Answers cut by max_tokens (finish_reason length) that carried a tool call or were asked for
+    one (tool_choice "required" or a tool's name): the most common way a real agent loops or stops.
+    Cut mid-arguments, the call cannot be run; after whole calls, the model may have meant more."""
+    t = f.acc.truncated
+    if not t:
+        return None
+    cut = t.codes.get("bad_arguments", 0)
+    head = (f"truncated: {t.records} of {f.requests} answers were cut by max_tokens (finish_reason length) "
+            f"with a tool call in them or asked for"
+            + (f", the tool call's arguments cut mid-JSON in {cut}" if cut else ""))
+    fnd = _tool_call_finding(f, Kind.TRUNCATED, t, head, True)
+    conv = f.scenario.get("conversation") or {}
+    fnd.evidence.append(f"conversation.max_tokens = {conv.get('max_tokens')}: a tool call needs room for its "
+                        f"whole arguments; raise it, or see why the model's answers run this long")
+    return fnd
+
+
+def rule_malformed_tool_calls(f: Facts) -> Finding | None:
+    """Complete answers whose tool calls cannot be sent back as they came: a call without an id or a
+    name, arguments that are not a JSON object, two calls on one index (which a client joins into
+    one). agentload never repairs one: in mode model the conversation ends there."""
+    t = f.acc.malformed
+    if not t:
+        return None
+    what = ", ".join(f"{code} x{n}" for code, n in t.codes.most_common())
+    head = (f"malformed tool calls: {t.records} of {f.requests} answers had tool calls that cannot be sent back "
+            f"as they came ({what})")
+    return _tool_call_finding(f, Kind.MALFORMED_TOOL_CALLS, t, head, False)
 
 
 def rule_no_tool_calls(f: Facts) -> Finding | None:
@@ -1863,7 +1986,10 @@ RULES: list[Callable[[Facts], Finding | None]] = [
     rule_disconnects,
     rule_server_errors,
     rule_bad_responses,
+    rule_protocol,
     rule_other_errors,
+    rule_truncated,
+    rule_malformed_tool_calls,
     rule_no_tool_calls,
     rule_client_stopped,
     rule_buffered_stream,
@@ -1989,6 +2115,10 @@ def agent_outcomes(data: "RunData", acc: FactsAccumulator | None = None) -> list
             entry["outcome"] = "cut_short"
         elif last is not None and last.outcome == "error":
             entry.update(outcome="error", error=last.error, error_round=last.round)
+        elif model_mode and st.ended_on_tool_call_problems(max_rounds):
+            # tool calls agentload could not send back as they came: the conversation ended there
+            entry.update(outcome="bad_tool_calls", bad_tool_calls_round=st.last_round, finish_reason=st.last_finish,
+                         tool_call_problems=list(last.tool_call_problems or []))
         elif model_mode and st.ended_without_tool_call(max_rounds):
             # the model answered without a tool call: the conversation had nothing to go on with
             entry.update(outcome="no_tool_call", no_tool_call_round=st.last_round, finish_reason=st.last_finish)

@@ -34,6 +34,21 @@ PROBE_KINDS = {
     "probe_body_reused": "the stalled request's own body on a reused keep-alive connection",
 }
 
+# The codes of a record's `tool_call_problems` (`agentload.run.chat_stream.ChatStream.tool_call_problems`)
+TRUNCATED = "truncated"  # finish_reason length on an answer that carried a tool call or was asked for one
+BAD_ARGUMENTS = "bad_arguments"  # arguments not a JSON object: not JSON (cut mid-JSON), an array, an object not a string
+NO_ID = "no_id"  # a call without an id: its tool result could not name it
+NO_NAME = "no_name"  # a call without a function name
+IDS_ON_ONE_INDEX = "ids_on_one_index"  # a second id on an index another call had: two calls merged into one
+
+
+def tool_calls_sendable(problems: list[str] | None) -> bool:
+    """Can an answer with these tool-call problems be sent back as it came? When it has none, or
+    its only problem is that max_tokens cut it after whole tool calls (`truncated`): the calls are
+    what the model said, nothing in them made up. Otherwise a real harness could not run them and
+    agentload, which never invents or repairs a call, ends that conversation (mode model)."""
+    return not problems or all(p.startswith(TRUNCATED + ":") for p in problems)
+
 
 class Trace:
     """Mutable timestamps of one request in flight. Hooks only stamp; nothing else happens here."""
@@ -166,13 +181,24 @@ class Record:
     group: int | None = None
     # The W3C `traceparent` sent (`[target] traceparent`): trace id per conversation, span id per request
     traceparent: str | None = None
+    # What a stream did against the protocol without keeping its answer from being read, one
+    # `code: detail` line each (`agentload.run.request.protocol_notes`): `events_after_done` (data
+    # events after [DONE], never part of the answer), `held_open_after_done` (the body was still open
+    # past [DONE]; agentload ended the read and closed the connection). None: nothing.
+    protocol: list[str] | None = None
+    # Why the answer's tool calls could not be sent back as they came, one `code: detail` line each
+    # (`agentload.run.chat_stream.ChatStream.tool_call_problems`): `truncated` (finish_reason length
+    # where a tool call was expected), `bad_arguments`, `no_id`, `no_name`, `ids_on_one_index`. In
+    # mode model the agent's conversation ends on any but a lone `truncated` (agent.py). None: none.
+    tool_call_problems: list[str] | None = None
 
     @classmethod
     def from_trace(cls, run: str, tr: Trace, *, outcome: str, status: int | None = None,
                    error: str | None = None, error_msg: str | None = None,
                    server_prompt_tokens: int | None = None, output_tokens: int | None = None,
                    finish_reason: str | None = None, tool_calls: int = 0, backend: str | None = None,
-                   cached_tokens: int | None = None) -> "Record":
+                   cached_tokens: int | None = None, protocol: list[str] | None = None,
+                   tool_call_problems: list[str] | None = None) -> "Record":
         build = _build if cls is Record else cls  # (a subclass: its own __init__)
         return build(RECORD_VERSION, run, tr.kind, tr.agent, tr.round, tr.call, tr.request_id,
                      tr.messages, tr.prompt_bytes, tr.prompt_tokens, server_prompt_tokens,
@@ -180,7 +206,7 @@ class Record:
                      finish_reason, tool_calls, tr.chunks, tr.token_chunks, tr.comments,
                      tr.max_gap, tr.max_gap_at, dict(tr.t), tr.server_first_token_ns, tr.bad_events,
                      tr.id_sent, backend, cached_tokens, tr.conversation, None, tr.idle_ns, tr.first_output,
-                     tr.token_reads, tr.server, tr.group, tr.traceparent)
+                     tr.token_reads, tr.server, tr.group, tr.traceparent, protocol, tool_call_problems)
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
@@ -217,7 +243,8 @@ def _builder() -> Any:
 _build = _builder()
 _OPTIONAL = frozenset({"server_first_token_ns", "bad_events", "id_sent", "backend", "cached_tokens",
                        "conversation", "shard", "idle_ns", "first_output", "token_reads", "server",
-                       "group", "traceparent"})
+                       "group", "traceparent", "protocol",
+                       "tool_call_problems"})
 
 
 class RecordWriter:

@@ -22,7 +22,7 @@ from agentload.errors import drop_tracebacks
 from agentload.run.context import AgentState
 from agentload.run.conversation import Conversation, agent_rng  # numpy Generator per agent
 from agentload.run.replay import new_conversation
-from agentload.records import Record, Trace
+from agentload.records import Record, Trace, tool_calls_sendable
 from agentload.records.overflow import overflow
 from agentload.run.request import ConversationBody, Result, Tap, classify_exception, send, sent_request_id
 
@@ -33,6 +33,10 @@ _now = time.perf_counter_ns
 _current_task = asyncio.current_task
 
 RETRY_AFTER_CAP_S = 5.0
+# How long past a stream's [DONE] its body's end is waited for (the end of the chunked body usually
+# comes in the same read or the next); a body still open then is ended and its connection closed
+# (`request.SSEBody`). At most half of stall.after_s, so a held-open body is never a stall.
+DONE_GRACE_S = 1.0
 
 
 # Exceptions that mean agentload's own code is wrong, not the network or the server: a request
@@ -73,6 +77,9 @@ def _record(ctx: "RunContext", trace: Trace, result: Result) -> Record:
         tool_calls=cs.tool_call_count if cs is not None else 0,
         backend=fp[:200] if type(fp) is str and fp else None,
         cached_tokens=_int_or_none(details.get("cached_tokens")) if type(details) is dict else None,
+        protocol=result.protocol,
+        tool_call_problems=(cs.tool_call_problems(ctx.scenario.conversation.tool_call_asked())
+                            if cs is not None and trace.kind == "agent" else None),
     )
 
 
@@ -157,7 +164,8 @@ async def attempt(ctx: "RunContext", session, trace: Trace, body: "bytes | Conve
     try:
         trace.timeout_cm = _GiveUp(task)
         result = await send(session, url or ctx.url, body, trace, extra_headers=headers, id_header=id_header,
-                            tap=tap, stream_cls=stream_cls or ctx.stream_cls)
+                            tap=tap, stream_cls=stream_cls or ctx.stream_cls,
+                            done_grace_s=min(DONE_GRACE_S, ctx.scenario.stall.after_s / 2))
     except TimeoutError as e:
         caught = e
         if trace.gave_up:
@@ -297,6 +305,11 @@ async def _conversation(ctx: "RunContext", st: AgentState, conv: Conversation, s
         st.rounds_completed += 1 if (res is not None) else 0
         # The assistant turn: what the model said (model mode) or what the script decides.
         if conv_cfg.mode == "model" and res is not None and res.stream is not None:
+            if not tool_calls_sendable(rec.tool_call_problems):
+                # tool calls that cannot be sent back as they came (no id, arguments cut mid-JSON,
+                # two calls on one index): a real harness cannot run them either, and agentload never
+                # invents or repairs one. The conversation ends here; the record says why.
+                return "done"
             assistant = res.stream.assistant_message(conv_cfg.assistant_content)
             if not assistant.get("tool_calls"):
                 conv.append(assistant)

@@ -24,7 +24,11 @@ Flags:
 - ``USAGE``: a non-empty ``usage`` object (the ``choices: []`` chunk of
   ``stream_options.include_usage``, or usage in every chunk with vLLM's continuous
   usage stats).
-- ``DONE``: the ``[DONE]`` sentinel.
+- ``DONE``: the ``[DONE]`` sentinel. It is the end of the answer, as for an SDK client: whatever
+  comes after it is not taken (no token, no content, no finish_reason, no usage), only counted in
+  ``.after_done`` (data events after the first ``[DONE]``, a repeated ``[DONE]`` aside),
+  ``.after_done_tokens`` (those of them that carried a token) and ``.first_after_done`` (the first
+  one's leading bytes): a protocol finding (`request.protocol_notes`), never part of the answer.
 - ``ERROR``: an in-band error: ``{"error": {...}}`` / ``{"error": "..."}``
   (vLLM, SGLang, routers) or ``{"object": "error", "message": ...}`` (older vLLM).
   ``.error`` keeps the first one as a short string, ``.errors`` counts them.
@@ -49,9 +53,16 @@ Only choice index 0 is accumulated (agents send ``n=1``; other choices are ignor
 Tool calls are joined by ``index``: ``id``, ``type`` and ``function.name`` come from
 the first non-null value seen for that index (later values are ignored);
 ``arguments`` fragments are concatenated as received, even if the result is not
-valid JSON. Explicit ``null``s (SGLang) are ignored. A fragment without an
+valid JSON. Explicit ``null``s (SGLang) and empty ids are ignored. A fragment without an
 ``index`` (non-conforming servers) continues the last call, unless it carries an
 ``id`` different from the last call's id, which starts a new call.
+
+``tool_call_problems(expected)`` says, once the answer is read, why its tool calls cannot be sent
+back as they came (a real agent would have to invent or repair something): a call without an id
+or a name, arguments that are not a JSON object (not JSON, cut mid-JSON, an object sent instead of
+a string), a second id on an index already taken by another call (two calls the server merged),
+and an answer cut by ``finish_reason: "length"`` that carried a tool call or was asked for one.
+Only the last check is made while the stream is read (a fragment's id against its call's).
 """
 
 from __future__ import annotations
@@ -59,6 +70,8 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import orjson
+
+from agentload.records.record import BAD_ARGUMENTS, IDS_ON_ONE_INDEX, NO_ID, NO_NAME, TRUNCATED
 
 __all__ = [
     "TOKEN",
@@ -81,6 +94,8 @@ BAD_JSON = 32
 _ERROR_MAX = 300  # characters kept in ChatStream.error
 BAD_SAMPLE = 120  # bytes of the first malformed payload kept in ChatStream.first_bad
 _MAX_SHAPES = 4  # token-chunk shapes learned per stream (a server whose every chunk differs: the parsed path)
+_MAX_PROBLEMS = 8  # tool-call problems kept per answer
+
 
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
@@ -133,9 +148,13 @@ class ChatStream:
         "not_completion",
         "first_token_payload",
         "first_kind",
+        "after_done",
+        "after_done_tokens",
+        "first_after_done",
         "_content",
         "_calls",
         "_last_index",
+        "_odd_calls",
         "_shape",
         "_learned",
     )
@@ -158,10 +177,14 @@ class ChatStream:
         self.not_completion: str | None = None  # from_response: why the body is not a chat.completion
         self.first_token_payload: bytes | None = None  # the first chunk that carried a token
         self.first_kind: str | None = None  # what that first output was: text, tool or reasoning (`_first_kind`)
+        self.after_done = 0  # data events after the first [DONE] (not taken)
+        self.after_done_tokens = 0  # ... of which carried a token
+        self.first_after_done: bytes | None = None  # the first one's leading bytes
         self._content: list[str] = []
         # index -> [id, type, name, [argument fragments]]
         self._calls: dict[int, list] = {}
         self._last_index: int | None = None
+        self._odd_calls: list[str] | None = None  # what the fragments did that no call should (`tool_call_problems`)
         # The stream's usual token chunk as bytes around its one changing string (see `_learn`):
         # (head, tail, where the string goes: None for content, else a tool call's index), or None.
         self._shape: tuple[bytes, bytes, int | None] | None = None
@@ -193,10 +216,13 @@ class ChatStream:
         such chunks are decoded together by one `orjson.loads` of an array, which also validates
         each of them (see `_add_shaped`); anything else, or a batch that does not decode to
         exactly one string per chunk, goes through `_add_one`: every chunk is still checked."""
+        if self.done:  # the answer ended at [DONE]: nothing after it is taken
+            return self._after_done(payloads)
         out = 0
         shaped: list[bytes] | None = None
         shape = self._shape
         head, tail, least = (shape[0], shape[1], len(shape[0]) + len(shape[1])) if shape else (None, b"", 0)
+        payloads = iter(payloads)
         for payload in payloads:
             if head is not None and payload.startswith(head) and payload.endswith(tail) and len(payload) >= least:
                 if shaped is None:
@@ -208,6 +234,9 @@ class ChatStream:
                 out |= self._add_shaped(shaped, shape)  # type: ignore[arg-type]
                 shaped = None
             out |= self._add_one(payload)
+            if self.done:  # that was [DONE]: the rest of the read is after the answer's end
+                self._after_done(payloads)
+                return out
             if self._shape is not shape:
                 shape = self._shape
                 head, tail, least = shape[0], shape[1], len(shape[0]) + len(shape[1])  # type: ignore[index]
@@ -360,6 +389,20 @@ class ChatStream:
             return "tool"
         return "reasoning"
 
+    def _after_done(self, payloads: Iterable[bytes]) -> int:
+        """Data events after the answer's [DONE]: counted (and whether each carried a token, read by
+        a stream of its own), never taken. A repeated [DONE] only counts in `dones`."""
+        for p in payloads:
+            if p.strip() == b"[DONE]":
+                self.dones += 1
+                continue
+            self.after_done += 1
+            if self.first_after_done is None:
+                self.first_after_done = p[:BAD_SAMPLE]
+            if ChatStream()._add_one(p) & TOKEN:
+                self.after_done_tokens += 1
+        return 0
+
     def _learn_call(self, payload: bytes, frag: Any) -> None:
         """A chunk that was one tool call's arguments fragment and nothing else: its shape."""
         if type(frag) is not dict or set(frag) - {"index", "function"}:
@@ -377,8 +420,11 @@ class ChatStream:
 
         A JSON object is taken like any chunk (an ``{"error": ...}`` inside gives the text),
         else its own ``message``/``type``/``code`` give it; any other payload (plain text, no
-        data at all) is the error's text and is not counted as a malformed event.
+        data at all) is the error's text and is not counted as a malformed event. After [DONE] it
+        is counted with the events after it, never taken.
         """
+        if self.done:
+            return self._after_done((payload,))
         try:
             obj = _loads(payload)
         except _JSONDecodeError:
@@ -426,8 +472,12 @@ class ChatStream:
             if call is None:
                 call = calls[idx] = [None, None, None, []]
             self._last_index = idx
-            if fid is not None and call[0] is None:
-                call[0] = fid
+            if fid:
+                if call[0] is None:
+                    call[0] = fid
+                elif fid != call[0]:  # a second call on a taken index: joined into one by the rule above
+                    self._odd(f"{IDS_ON_ONE_INDEX}: index {idx} carried the ids {_sample(call[0])} and "
+                              f"{_sample(fid)}: two calls that would be merged into one")
             ftype = f.get("type")
             if ftype is not None and call[1] is None:
                 call[1] = ftype
@@ -442,9 +492,56 @@ class ChatStream:
                 if args:
                     if type(args) is not str:  # non-conforming: an object, not a string
                         args = orjson.dumps(args).decode()
+                        self._odd(f"{BAD_ARGUMENTS}: index {idx} sent its arguments as a JSON "
+                                  f"{_json_type(fn.get('arguments'))}, not a string")
                     call[3].append(args)
                     token = True
         return token
+
+    def _odd(self, line: str) -> None:
+        odd = self._odd_calls
+        if odd is None:
+            self._odd_calls = [line]
+        elif len(odd) < _MAX_PROBLEMS and line not in odd:
+            odd.append(line)
+
+    def tool_call_problems(self, expected: bool = False) -> list[str] | None:
+        """Why this answer's tool calls cannot be sent back as they came, one `code: detail` line
+        each (the record's `tool_call_problems`); None when nothing is wrong. `expected`: a tool call
+        was asked for (`tool_choice` "required" or a tool's name), so an answer cut by max_tokens is
+        truncated even without one. Codes: `truncated` (finish_reason length on an answer that carried
+        a tool call or was asked for one), `bad_arguments`, `no_id`, `no_name`, `ids_on_one_index`."""
+        calls = self._calls
+        if not calls and not (expected and self.finish_reason == "length"):
+            return None
+        out: list[str] = []
+        cut = 0
+        for i, c in enumerate(self.tool_calls if calls else ()):
+            fn = c["function"]
+            name = fn["name"]
+            who = f"call {i} ({name})" if name else f"call {i}"
+            if not c["id"]:
+                out.append(f"{NO_ID}: {who} came without an id (a tool result cannot name it)")
+            if not name:
+                out.append(f"{NO_NAME}: {who} came without a function name")
+            args = fn["arguments"]
+            try:
+                obj = _loads(args)
+            except _JSONDecodeError:
+                cut += 1
+                out.append(f"{BAD_ARGUMENTS}: {who} arguments are not JSON ({len(args)} chars): {_sample(args)}")
+                continue
+            if type(obj) is not dict:
+                out.append(f"{BAD_ARGUMENTS}: {who} arguments are a JSON {_json_type(obj)}, not an object: "
+                           f"{_sample(args)}")
+        if self._odd_calls:
+            out.extend(self._odd_calls)
+        if self.finish_reason == "length" and (calls or expected):
+            n = len(self.tool_calls) if calls else 0
+            what = (f"{n} tool call(s), the arguments of {cut} cut mid-JSON" if cut else
+                    f"{n} tool call(s) with whole arguments" if n else "no tool call, though one was asked for")
+            out.insert(0, f"{TRUNCATED}: finish_reason length after {self.token_chunks} token chunk(s): {what}")
+        return out[:_MAX_PROBLEMS] or None
 
     # ------------------------------------------------------------------ non-streaming
 
@@ -584,6 +681,16 @@ class ChatStream:
             for c in calls:
                 c["type"] = "function"
         return assistant_turn(self.content, calls, content)
+
+
+def _sample(text: str, n: int = 60) -> str:
+    """A short quote of what the server sent."""
+    q = orjson.dumps(text[:n]).decode()
+    return q + ("..." if len(text) > n else "")
+
+
+def _json_type(v: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(v), "number")
 
 
 def assistant_turn(text: str | None, calls: list | None, content: str = "empty") -> dict:

@@ -52,7 +52,7 @@ from multidict import CIMultiDict
 
 from agentload import redact
 from agentload.run.body_sink import read_body
-from agentload.run.chat_stream import TOKEN, ChatStream
+from agentload.run.chat_stream import DONE, TOKEN, ChatStream
 from agentload.records import Trace
 from agentload.run.sse import COMMENT, DATA, SSEDecoder
 from agentload.run.transport import current_trace
@@ -305,6 +305,26 @@ class Result:
     error: str | None  # error class; None when the request completed
     error_msg: str | None
     retry_after_s: float | None = None
+    protocol: list[str] | None = None  # `protocol_notes`: what the stream did wrong around its [DONE]
+
+
+AFTER_DONE = "events_after_done"
+HELD_OPEN = "held_open_after_done"
+
+
+def protocol_notes(cs: ChatStream, held_open: bool, grace_s: float) -> list[str]:
+    """What a stream that was read did against the protocol without keeping its answer from being
+    read, one `code: detail` line each (the record's `protocol`): data events after its [DONE]
+    (`events_after_done`: never part of the answer, which an SDK client ends at [DONE]), a body
+    the server held open past its [DONE] (`held_open_after_done`: ended by agentload)."""
+    out = []
+    if cs.after_done:
+        out.append(f"{AFTER_DONE}: {cs.after_done} data event(s) after [DONE], {cs.after_done_tokens} with tokens "
+                   f"(not counted: the answer ends at [DONE]); first: {first_bytes(cs.first_after_done or b'')}")
+    if held_open:
+        out.append(f"{HELD_OPEN}: the body was still open {grace_s:g} s after [DONE]; agentload ended the "
+                   f"read there and closed the connection")
+    return out
 
 
 def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
@@ -330,9 +350,16 @@ class SSEBody:
     event by event. The decoder is made when it is first needed (most streams never need it), and
     its `bytes_fed`/`events` count only what it saw. `chunks` and `token_chunks` are the
     ChatStream's (one count, copied to the trace by `sync`).
+
+    `[DONE]` ends the answer (`ChatStream`: nothing after it is taken) and the read: `watch(content,
+    conn, grace_s)` has the body's end waited for at most `grace_s` past it (the end of the chunked
+    body, or the connection's, usually in the same read or the next); a body still open then is
+    ended here, its connection closed (never back in the pool with the rest of a body on it), and
+    `held_open` says so. `done_at` is the read that carried the [DONE].
     """
 
-    __slots__ = ("trace", "t", "cs", "dec", "last_byte", "plain")
+    __slots__ = ("trace", "t", "cs", "dec", "last_byte", "plain", "done_at", "held_open", "content", "conn",
+                 "grace_s", "handle")
 
     def __init__(self, trace: Trace, stream_cls: Any = ChatStream):
         self.trace = trace
@@ -342,6 +369,48 @@ class SSEBody:
         self.last_byte = _now()  # (headers) for the idle read timeout
         # nothing held from an earlier read (no partial event, no CR) and no BOM still possible
         self.plain = False
+        self.done_at = 0  # the read that carried [DONE]
+        self.held_open = False  # the body was still open grace_s after [DONE]: ended by us
+        self.content: Any = None  # (`watch`) the body's StreamReader, its connection, the grace
+        self.conn: Any = None
+        self.grace_s = 0.0
+        self.handle: asyncio.TimerHandle | None = None
+
+    def watch(self, content: Any, conn: Any, grace_s: float) -> None:
+        """End the read at most `grace_s` after [DONE] (see the class docstring)."""
+        self.content = content
+        self.conn = conn
+        self.grace_s = grace_s
+
+    def _done(self, now: int) -> None:
+        """The read that carried [DONE] (once a stream): the answer is complete; the body's end is
+        given `grace_s` to come (none when it came in this same read)."""
+        self.done_at = now
+        tr = self.trace
+        if "first_token" in self.t:  # [DONE] is progress: the watchdog counts a stall from it
+            tr.last_token = now
+        content = self.content
+        if content is not None and not content.is_eof():
+            self.handle = asyncio.get_running_loop().call_later(self.grace_s, self._held_open)
+
+    def _held_open(self) -> None:
+        """`grace_s` after [DONE] and the body has not ended: end it here. The connection is closed
+        first (so that the EOF callbacks cannot hand it back to the pool), then the body's reader
+        is told its end (which wakes the read, `body_sink` or `readany`)."""
+        self.handle = None
+        content = self.content
+        if content is None or content.is_eof() or content.exception() is not None:
+            return
+        self.held_open = True
+        if self.conn is not None:
+            self.conn.close()
+        content.feed_eof()
+
+    def unwatch(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        self.content = self.conn = None
 
     def last_byte_ns(self) -> int:
         return self.last_byte
@@ -375,7 +444,8 @@ class SSEBody:
                 if payloads:
                     cs = self.cs
                     had = cs.token_chunks
-                    if cs.add_many(payloads) & TOKEN:
+                    flags = cs.add_many(payloads)
+                    if flags & TOKEN:
                         trace.token_reads += 1
                         if had:  # (`_tokens`, written out: the path of nearly every read)
                             gap = now - trace.last_token
@@ -386,6 +456,8 @@ class SSEBody:
                         else:
                             self._tokens(0, now)
                             trace.first_output = cs.first_kind
+                    if flags & DONE:
+                        self._done(now)
                     if end + 2 < len(data):  # the start of the next event: the decoder holds it
                         (self.dec or self._decoder()).feed(data[end + 2:])
                         self.plain = False
@@ -416,11 +488,14 @@ class SSEBody:
             return
         cs = self.cs
         had = cs.token_chunks
-        if (cs.add(payload) if kind == DATA else cs.add_error_event(payload)) & TOKEN:
+        flags = cs.add(payload) if kind == DATA else cs.add_error_event(payload)
+        if flags & TOKEN:
             if not had or now != self.trace.last_token:  # the read's first event with a token
                 self.trace.token_reads += 1
             self._tokens(had, now)  # (a read's second token: a gap of 0, nothing changes)
-        # ERROR | DONE: keep reading to EOF so the connection goes back to the pool cleanly
+        if flags & DONE:  # keep reading to the body's end (`_done`), so the connection can go back to the pool
+            self._done(now)
+        # ERROR: keep reading to EOF so the connection goes back to the pool cleanly
 
     def cut(self) -> None:
         """The body ended in a failure (cut, reset, timed out): its silence since the last token (or
@@ -457,9 +532,10 @@ class SSEBody:
 async def send(session: aiohttp.ClientSession, url: str, body: "bytes | ConversationBody", trace: Trace,
                extra_headers: dict[str, str] | None = None, stream: bool | None = None,
                id_header: str | None = "X-Request-ID", tap: "Tap | None" = None,
-               stream_cls: Any = ChatStream) -> Result:
+               stream_cls: Any = ChatStream, done_grace_s: float = 1.0) -> Result:
     """One request; the caller wraps it in the give-up timeout the watchdog can fire.
 
+    `done_grace_s`: how long past a stream's [DONE] its body's end is waited for (`SSEBody`).
     `tap`: where the response goes on as it arrives (`agentload proxy`: to the harness), its head
     first, then every block of its body as read (the general read path: one task wake-up a read).
     `stream_cls`: the reader of the answer in the request's API (`apis.<api>.Stream`; chat's by default).
@@ -491,11 +567,11 @@ async def send(session: aiohttp.ClientSession, url: str, body: "bytes | Conversa
     try:
         if gate is None:
             return await _exchange(session, url, body, trace, headers, stream, id_header, None, direct, tap,
-                                   stream_cls)
+                                   stream_cls, done_grace_s)
         timeout = None if gate.enter_now() else await gate.wait(trace, url)
         try:
             return await _exchange(session, url, body, trace, headers, stream, id_header, timeout, direct, tap,
-                                   stream_cls)
+                                   stream_cls, done_grace_s)
         finally:
             gate.leave()
     finally:
@@ -506,7 +582,7 @@ async def send(session: aiohttp.ClientSession, url: str, body: "bytes | Conversa
 async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | ConversationBody", trace: Trace,
                     headers: dict[str, str], stream: bool | None, id_header: str | None,
                     timeout: aiohttp.ClientTimeout | None, direct: "DirectPost | None" = None,
-                    tap: "Tap | None" = None, stream_cls: Any = ChatStream) -> Result:
+                    tap: "Tap | None" = None, stream_cls: Any = ChatStream, done_grace_s: float = 1.0) -> Result:
     """`send`'s request and response, read to the end (`timeout`: the session's, unless given; `direct`:
     sent through it, else through `session.post`)."""
     t = trace.t
@@ -516,7 +592,7 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | Con
     else:
         cm = session.post(url, data=body, headers=headers, trace_request_ctx=trace, timeout=tm)
     try:
-        return await _response(session, cm, body, trace, stream, id_header, tap)
+        return await _response(session, cm, body, trace, stream, id_header, tap, done_grace_s)
     except aiohttp.ClientResponseError as e:  # (a head aiohttp could not take: a refused encoding?)
         refused = _decode_refused(e)
         if refused is None:
@@ -526,7 +602,7 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | Con
 
 
 async def _response(session: aiohttp.ClientSession, cm: Any, body: "bytes | ConversationBody", trace: Trace,
-                    stream: bool | None, id_header: str | None, tap: "Tap | None") -> Result:
+                    stream: bool | None, id_header: str | None, tap: "Tap | None", done_grace_s: float) -> Result:
     """`_exchange`'s response (`cm`: the request, as `session.post` gives it), read to the end."""
     t = trace.t
     async with cm as resp:
@@ -594,6 +670,8 @@ async def _response(session: aiohttp.ClientSession, cm: Any, body: "bytes | Conv
         reader = SSEBody(trace, stream_cls)
         content = resp.content
         conn = resp.connection
+        if tap is None:  # (through `agentload proxy` the harness reads the body as the server ends it)
+            reader.watch(content, conn, done_grace_s)
         cut = False
         try:
             try:
@@ -621,16 +699,18 @@ async def _response(session: aiohttp.ClientSession, cm: Any, body: "bytes | Conv
             reader.cut()
             raise
         finally:  # also when the read fails or is given up: what was counted so far is kept
+            reader.unwatch()
             reader.sync()
         cs = reader.finish()
         error, msg = _stream_verdict(cs, trace)
         if error == "incomplete_stream":  # the body ended mid-answer: cut, as above
             reader.cut()
-        else:
-            t["end"] = _now()
+        else:  # a body held open past [DONE]: the answer ended at [DONE], as an SDK client sees it
+            t["end"] = reader.done_at if reader.held_open else _now()
         if cut and msg:
             msg += "; then the server closed the connection without ending the chunked body"
-        return Result(status, cs, error, msg)
+        notes = protocol_notes(cs, reader.held_open, done_grace_s) if cs.after_done or reader.held_open else None
+        return Result(status, cs, error, msg, None, notes)
 
 
 def classify_exception(e: BaseException) -> tuple[str, str]:

@@ -356,6 +356,10 @@ class ConversationConfig:
                                             "".join(f", {n}" for n in names[3:]))
             (at / "tool_choice").fail(f"'auto', 'required', 'none' or an offered tool's name ({shown})", choice)
 
+    def tool_call_asked(self) -> bool:
+        """Does every request ask the server for a tool call (tool_choice "required" or a tool's name)?"""
+        return self.tools > 0 and self.tool_choice is not None and self.tool_choice not in ("auto", "none")
+
     def tool_choice_json(self) -> Any:
         """tool_choice as the request body carries it (None: not sent)."""
         c = self.tool_choice
