@@ -659,10 +659,10 @@ def test_no_shape_is_learned_where_the_key_could_be_another_one():
 # ----------------------------------------------------------------------------- tool-call problems
 
 
-def _problems(*payloads, expected=False):
+def _problems(*payloads, expected=False, max_tokens=None):
     cs = ChatStream()
     cs.add_many(list(payloads))
-    return cs.tool_call_problems(expected)
+    return cs.tool_call_problems(expected, max_tokens)
 
 
 def test_whole_tool_calls_have_no_problems():
@@ -701,3 +701,17 @@ def test_tool_call_problems_of_a_non_streamed_answer():
                                              "function": {"name": "f", "arguments": '{"q": '}}]}}]})
     got = ChatStream.from_response(body).tool_call_problems()
     assert [p.split(":")[0] for p in got] == ["truncated", "bad_arguments"]
+
+
+def test_arguments_cut_at_max_tokens_are_truncated_whatever_finish_reason_says():
+    """llama-cpp-python ends a named tool's stream with finish_reason tool_calls however it ended:
+    arguments cut mid-JSON once the answer's tokens reached max_tokens were cut by max_tokens."""
+    frags = [chunk({"tool_calls": [tc(0, id="c", name="f", arguments=p)]}) for p in ('{"q', '": "a', 'b')]
+    got = _problems(*frags, chunk({}, "tool_calls"), max_tokens=3)
+    assert got[0] == ("truncated: finish_reason tool_calls but 3 token chunk(s), max_tokens 3: 1 tool call(s), the "
+                      "arguments of 1 cut mid-JSON") and got[1].startswith("bad_arguments"), got
+    # usage's completion_tokens where the server sends it
+    got = _problems(*frags, chunk({}, "tool_calls"), usage_chunk(completion=8), max_tokens=8)
+    assert got[0].startswith("truncated: finish_reason tool_calls but 8 completion_tokens, max_tokens 8"), got
+    # below max_tokens: the arguments are simply bad
+    assert [p.split(":")[0] for p in _problems(*frags, chunk({}, "tool_calls"), max_tokens=4)] == ["bad_arguments"]

@@ -63,6 +63,7 @@ def _record(ctx: "RunContext", trace: Trace, result: Result) -> Record:
         usage = None
     fr = cs.finish_reason if cs is not None else None
     fp = cs.fingerprint if cs is not None else None
+    conv = ctx.scenario.conversation
     details = usage.get("prompt_tokens_details") if usage else None
     spt = _int_or_none(usage.get("prompt_tokens")) if usage else None
     if spt is None and outcome == "error":  # a context overflow's body: the server's own count of the prompt
@@ -78,7 +79,7 @@ def _record(ctx: "RunContext", trace: Trace, result: Result) -> Record:
         backend=fp[:200] if type(fp) is str and fp else None,
         cached_tokens=_int_or_none(details.get("cached_tokens")) if type(details) is dict else None,
         protocol=result.protocol,
-        tool_call_problems=(cs.tool_call_problems(ctx.scenario.conversation.tool_call_asked())
+        tool_call_problems=(cs.tool_call_problems(conv.tool_call_asked(), conv.max_tokens)
                             if cs is not None and trace.kind == "agent" else None),
     )
 

@@ -505,12 +505,14 @@ class ChatStream:
         elif len(odd) < _MAX_PROBLEMS and line not in odd:
             odd.append(line)
 
-    def tool_call_problems(self, expected: bool = False) -> list[str] | None:
+    def tool_call_problems(self, expected: bool = False, max_tokens: int | None = None) -> list[str] | None:
         """Why this answer's tool calls cannot be sent back as they came, one `code: detail` line
         each (the record's `tool_call_problems`); None when nothing is wrong. `expected`: a tool call
         was asked for (`tool_choice` "required" or a tool's name), so an answer cut by max_tokens is
         truncated even without one. Codes: `truncated` (finish_reason length on an answer that carried
-        a tool call or was asked for one), `bad_arguments`, `no_id`, `no_name`, `ids_on_one_index`."""
+        a tool call or was asked for one; or arguments cut mid-JSON once the answer's tokens reached
+        `max_tokens`, whatever finish_reason said: llama-cpp-python says "tool_calls" for a named tool
+        however it ended), `bad_arguments`, `no_id`, `no_name`, `ids_on_one_index`."""
         calls = self._calls
         if not calls and not (expected and self.finish_reason == "length"):
             return None
@@ -536,11 +538,17 @@ class ChatStream:
                            f"{_sample(args)}")
         if self._odd_calls:
             out.extend(self._odd_calls)
+        n = len(self.tool_calls) if calls else 0
         if self.finish_reason == "length" and (calls or expected):
-            n = len(self.tool_calls) if calls else 0
             what = (f"{n} tool call(s), the arguments of {cut} cut mid-JSON" if cut else
                     f"{n} tool call(s) with whole arguments" if n else "no tool call, though one was asked for")
             out.insert(0, f"{TRUNCATED}: finish_reason length after {self.token_chunks} token chunk(s): {what}")
+        elif cut and max_tokens:
+            u = self.usage.get("completion_tokens") if self.usage else None
+            used, unit = (u, "completion_tokens") if type(u) is int else (self.token_chunks, "token chunk(s)")
+            if used >= max_tokens:
+                out.insert(0, f"{TRUNCATED}: finish_reason {self.finish_reason} but {used} {unit}, max_tokens "
+                              f"{max_tokens}: {n} tool call(s), the arguments of {cut} cut mid-JSON")
         return out[:_MAX_PROBLEMS] or None
 
     # ------------------------------------------------------------------ non-streaming
