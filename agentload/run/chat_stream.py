@@ -216,13 +216,10 @@ class ChatStream:
         such chunks are decoded together by one `orjson.loads` of an array, which also validates
         each of them (see `_add_shaped`); anything else, or a batch that does not decode to
         exactly one string per chunk, goes through `_add_one`: every chunk is still checked."""
-        if self.done:  # the answer ended at [DONE]: nothing after it is taken
-            return self._after_done(payloads)
         out = 0
         shaped: list[bytes] | None = None
         shape = self._shape
         head, tail, least = (shape[0], shape[1], len(shape[0]) + len(shape[1])) if shape else (None, b"", 0)
-        payloads = iter(payloads)
         for payload in payloads:
             if head is not None and payload.startswith(head) and payload.endswith(tail) and len(payload) >= least:
                 if shaped is None:
@@ -234,9 +231,6 @@ class ChatStream:
                 out |= self._add_shaped(shaped, shape)  # type: ignore[arg-type]
                 shaped = None
             out |= self._add_one(payload)
-            if self.done:  # that was [DONE]: the rest of the read is after the answer's end
-                self._after_done(payloads)
-                return out
             if self._shape is not shape:
                 shape = self._shape
                 head, tail, least = shape[0], shape[1], len(shape[0]) + len(shape[1])  # type: ignore[index]
@@ -251,6 +245,8 @@ class ChatStream:
         the array has exactly one element per payload only if each part is exactly one string's
         contents (so each payload is the learned chunk with another string in it). Otherwise each
         payload is taken on its own (`_add_one`), as if there were no shape."""
+        if self.done:  # after [DONE]: counted, never taken (a read's shaped chunks before it went first)
+            return self._after_done(payloads)
         head, tail, call = shape
         a, b = len(head), len(tail)
         try:
@@ -301,6 +297,8 @@ class ChatStream:
     def _add_one(self, payload: bytes) -> int:
         """One payload, parsed and looked at field by field (learns the stream's shape from a
         plain token chunk)."""
+        if self.done:  # the answer ended at [DONE]: nothing after it is taken
+            return self._after_done((payload,))
         if payload == b"[DONE]":
             self.done = True
             self.dones += 1
