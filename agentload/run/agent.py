@@ -80,7 +80,7 @@ def _record(ctx: "RunContext", trace: Trace, result: Result) -> Record:
         cached_tokens=_int_or_none(details.get("cached_tokens")) if type(details) is dict else None,
         protocol=result.protocol,
         tool_call_problems=(cs.tool_call_problems(conv.tool_call_asked(), conv.max_tokens)
-                            if cs is not None and trace.kind == "agent" else None),
+                            if cs is not None and trace.kind == "agent" and result.error is None else None),
     )
 
 

@@ -318,11 +318,12 @@ def protocol_notes(cs: ChatStream, held_open: bool, grace_s: float) -> list[str]
     (`events_after_done`: never part of the answer, which an SDK client ends at [DONE]), a body
     the server held open past its [DONE] (`held_open_after_done`: ended by agentload)."""
     out = []
-    if cs.after_done:
+    end = getattr(cs, "END", "[DONE]")  # (Messages, Responses: their terminal event)
+    if getattr(cs, "after_done", 0):
         out.append(f"{AFTER_DONE}: {cs.after_done} data event(s) after [DONE], {cs.after_done_tokens} with tokens "
                    f"(not counted: the answer ends at [DONE]); first: {first_bytes(cs.first_after_done or b'')}")
     if held_open:
-        out.append(f"{HELD_OPEN}: the body was still open {grace_s:g} s after [DONE]; agentload ended the "
+        out.append(f"{HELD_OPEN}: the body was still open {grace_s:g} s after {end}; agentload ended the "
                    f"read there and closed the connection")
     return out
 
@@ -709,7 +710,8 @@ async def _response(session: aiohttp.ClientSession, cm: Any, body: "bytes | Conv
             t["end"] = reader.done_at if reader.held_open else _now()
         if cut and msg:
             msg += "; then the server closed the connection without ending the chunked body"
-        notes = protocol_notes(cs, reader.held_open, done_grace_s) if cs.after_done or reader.held_open else None
+        notes = (protocol_notes(cs, reader.held_open, done_grace_s) if getattr(cs, "after_done", 0) or reader.held_open
+                 else None)
         return Result(status, cs, error, msg, None, notes)
 
 
