@@ -593,7 +593,7 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | Con
     else:
         cm = session.post(url, data=body, headers=headers, trace_request_ctx=trace, timeout=tm)
     try:
-        return await _response(session, cm, body, trace, stream, id_header, tap, done_grace_s)
+        return await _response(session, cm, body, trace, stream, id_header, tap, stream_cls, done_grace_s)
     except aiohttp.ClientResponseError as e:  # (a head aiohttp could not take: a refused encoding?)
         refused = _decode_refused(e)
         if refused is None:
@@ -603,7 +603,8 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: "bytes | Con
 
 
 async def _response(session: aiohttp.ClientSession, cm: Any, body: "bytes | ConversationBody", trace: Trace,
-                    stream: bool | None, id_header: str | None, tap: "Tap | None", done_grace_s: float) -> Result:
+                    stream: bool | None, id_header: str | None, tap: "Tap | None", stream_cls: Any,
+                    done_grace_s: float) -> Result:
     """`_exchange`'s response (`cm`: the request, as `session.post` gives it), read to the end."""
     t = trace.t
     async with cm as resp:
