@@ -160,7 +160,7 @@ def test_requests_waiting_for_headers_while_the_server_answers_others_are_a_queu
     for given_up in (True, False):
         v = diagnose(_slot_queue([2, 2, 1, 2], given_up=given_up).data())
         assert (v["kind"], v["phase"], v["first_round"]) == ("server_queue", "ttfb", 1), v
-        assert "the server answered at most 2 request(s) at once" in v["summary"], v["summary"]
+        assert "the server works on at most 2 request(s) at once" in v["summary"], v["summary"]
         assert ("6 given up after stall.give_up_s, 6 agent(s) stopped" in v["summary"]) == given_up, v["summary"]
         assert v["agents_stopped"] == (6 if given_up else 0)
         ev = "\n".join(v["evidence"])
@@ -1317,3 +1317,33 @@ def test_protocol_yields_to_a_finding_that_stopped_agents():
     run.ok(0, 3, protocol=["held_open_after_done: x"])
     run.error(1, 3, "malformed_stream")
     assert kinds(run) == ["bad_responses", "protocol"]
+
+
+def test_a_queue_whose_slots_are_slow_themselves_is_told_by_the_engines_work_counter(tmp_path):
+    """llama-server --parallel 2 on a busy machine: the two requests in the slots spend longer than
+    stall.after_s on their prompt (stalled in ttft), nothing completes before give_up_s, so the
+    samples see nothing move; llama.cpp's n_decode_total grew meanwhile: a queue, not a hang."""
+    def build(decodes: list[float]) -> RunBuilder:
+        run = RunBuilder(agents=8, rounds=2, after_s=1.0)
+        url = "http://127.0.0.1:9/metrics"
+        run.meta["scenario"]["target"] = {"metrics_urls": [url]}
+        for a in range(8):
+            if a < 2:
+                run.stalled(a, 1, "ttft", at_ms=1000, held_ms=4000)
+            else:
+                run.stalled(a, 1, "ttfb", at_ms=1000, held_ms=4000)
+        for i in range(3):
+            run.sample(inflight={"ttfb": 6, "ttft": 2}, stalled=8, stalled_by={"1/ttfb": 6, "1/ttft": 2},
+                       counts={"ok": 0})
+        for i, n in enumerate(decodes):
+            run.scrape(2.5 + i, {"llamacpp:requests_processing": 2, "llamacpp:requests_deferred": 6,
+                                 "llamacpp:n_decode_total": n}, url)
+        return run
+
+    v = diagnose(build([10, 40, 90]).write(tmp_path / "working"))
+    assert (v["kind"], v["phase"]) == ("server_queue", "ttfb"), v
+    assert "the server works on at most 2 request(s) at once" in v["summary"], v["summary"]
+    ev = "\n".join(v["evidence"])
+    assert "the engine kept working: llamacpp:n_decode_total grew by 80 over 3 scrapes" in ev, ev
+    v = diagnose(build([40, 40, 40]).write(tmp_path / "hung"))  # slots busy, no work done: a hang
+    assert v["kind"] == "server_stall", v

@@ -413,6 +413,58 @@ def target_evidence(data: "RunData", stalled: list[Record], tm: TargetMetrics | 
     return out
 
 
+# an engine's counters of work done (any step of any request), as the queue rule reads them
+ENGINE_PROGRESS = ("llamacpp:n_decode_total", "vllm:generation_tokens_total", "sglang:generation_tokens_total")
+
+
+@dataclass(frozen=True)
+class EngineWork:
+    """What an engine's own metrics said while requests waited for headers (`engine_work`)."""
+
+    url: str
+    counter: str
+    grew: float  # how much it grew from the first to the last scrape inside the waits
+    scrapes: int  # ... over this many scrapes
+    running_max: float  # the most requests it worked on at one of those scrapes
+    waiting_max: float  # ... and the most it kept waiting
+
+
+def engine_work(data: "RunData", stalled: list[Record], tm: TargetMetrics | None = None) -> EngineWork | None:
+    """The engine kept working while `stalled` (requests stalled in ttfb) waited for headers: its
+    progress counter (llama.cpp's n_decode_total: every decode step of any request) grew between two
+    scrapes taken inside their waits, with requests running and requests waiting. None: no engine
+    metrics, no two scrapes inside the waits, or no work done (a stopped or hung engine)."""
+    tm = tm if tm is not None else data.target_metrics
+    if not tm:
+        return None
+    after_s = float(((data.meta.get("scenario") or {}).get("stall") or {}).get("after_s") or 0.0)
+    windows = [w for w in stall_windows(stalled, after_s) if w[2] == "ttfb"]
+    if not windows:
+        return None
+    best: EngineWork | None = None
+    for url in tm.urls:
+        times = [t for t in tm.scrape_times.get(url) or [] if any(a <= t <= b for a, b, _ in windows)]
+        if len(times) < 2:
+            continue
+        for counter in ENGINE_PROGRESS:
+            fam = tm.family(url, counter)
+            if not fam:
+                continue
+            grew = sum((s.at(times[-1]) or 0.0) - (s.at(times[0]) or 0.0) for s in fam)
+            if grew <= 0:
+                continue
+            running = waiting = 0.0
+            for r_name, w_name in ENGINE_QUEUE:
+                if r_name.split(":")[0] != counter.split(":")[0]:
+                    continue
+                for t in times:
+                    running = max(running, sum(s.at(t) or 0.0 for s in tm.family(url, r_name)))
+                    waiting = max(waiting, sum(s.at(t) or 0.0 for s in tm.family(url, w_name)))
+            if running >= 1 and (best is None or grew > best.grew):
+                best = EngineWork(url, counter, grew, len(times), running, waiting)
+    return best
+
+
 def engine_queue_evidence(tm: TargetMetrics) -> list[str]:
     """What an engine's own gauges said over the run about its queue: the most requests it worked on
     at one scrape, and the most it kept waiting (llama.cpp: busy slots and deferred requests)."""

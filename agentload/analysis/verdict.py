@@ -36,7 +36,7 @@ from agentload.analysis.passes import one_pass, order_key
 from agentload.analysis.stats import SparseHistogram, band_ranges, fmt_dur as _dur, pct_ms, percentiles_ms, quantile_ms
 from agentload.analysis.tallies import CanaryTally, CodeTally, FirstSeenCounts, ReuseTally, SizeCounts, Spans
 from agentload.analysis.router import MIN_NAMED_BACKENDS, attribute, backend_evidence, router_inflight
-from agentload.analysis.target_evidence import engine_queue_evidence, router_evidence, target_evidence
+from agentload.analysis.target_evidence import engine_queue_evidence, engine_work, router_evidence, target_evidence
 from agentload.analysis.proxies import (BURST_CHUNKS_PER_READ, BURST_MIN_CHUNKS, BURST_MIN_WAIT_MS, AdmissionLimit,
                                         BurstTally, FixedTimeout, admission_limit, fixed_timeout,
                                         inflight_at, quick_refusals, who_answered)
@@ -1055,12 +1055,16 @@ def rule_server_stall(f: Facts) -> Finding | None:
     stopped = f.stopped_by(lambda r: r.stalled_phase in SERVER_PHASES or id(r) in theirs)
     thr_text, thr = _threshold_evidence(st, f.fine_prompts, "stalled")
     sd = f.sample_digest
-    queue = main_phase == "ttfb" and sd.queue
+    work = None
+    if main_phase == "ttfb" and not sd.queue:  # the engine's own counters may still show it working meanwhile
+        work = engine_work(f.data, [r for r in st if r.stalled_phase == "ttfb"])
+    queue = main_phase == "ttfb" and (sd.queue or work is not None)
+    slots = queue_size(f, work)
     if queue:
         gave = sum(1 for r in st if r.outcome == "stalled")
         waited = max(((r.t.get("headers") or r.t.get("end") or 0) - r.t.get("sent", 0) for r in st
                       if r.stalled_phase == "ttfb" and "sent" in r.t), default=0) / 1e9
-        summary = (f"server queue: the server answered at most {sd.past_at_waits_max} request(s) at once and the others "
+        summary = (f"server queue: the server works on at most {slots} request(s) at once and the others "
                    f"waited for response headers: {len(st)} request(s) of {len(affected)} agents waited over "
                    f"stall.after_s ({f.after_s:g} s) from round {first_round} on"
                    + (f", all answered in the end (longest wait {waited:.1f} s)" if all_finished else
@@ -1102,7 +1106,7 @@ def rule_server_stall(f: Facts) -> Finding | None:
     ev = fnd.evidence
     ev.append(f"stalled requests by round and phase: {_fmt_phase_counts(phases)}")
     if queue:
-        ev.extend(queue_evidence(f))
+        ev.extend(queue_evidence(f, work, slots))
     ev.extend(f.backend_lines(st, "stalled"))  # the backend(s) behind a router, where records or logs say it
     if thr_text:
         ev.append(thr_text + ("" if keep_thr else "; a correlation only: the probes contradict it"))
@@ -1154,14 +1158,32 @@ def rule_server_stall(f: Facts) -> Finding | None:
     return fnd
 
 
-def queue_evidence(f: Facts) -> list[str]:
-    """Why requests that waited for headers are a queue: the samples taken meanwhile, and the
+def queue_size(f: Facts, work: Any = None) -> int:
+    """How many requests the server works on at once: llama.cpp's slots (/props total_slots), else
+    the engine's most running while requests waited, else the most past headers in the samples."""
+    props = f.meta.get("server_props") or {}
+    if isinstance(props.get("total_slots"), int) and props["total_slots"] > 0:
+        return int(props["total_slots"])
+    if work is not None:
+        return int(work.running_max)
+    return f.sample_digest.past_at_waits_max
+
+
+def queue_evidence(f: Facts, work: Any = None, slots: int | None = None) -> list[str]:
+    """Why requests that waited for headers are a queue: the samples taken meanwhile (or the engine's
+    own work counter, when the samples saw no answer move: a slow prompt holds every slot), and the
     engine's own counts (llama.cpp's busy slots and deferred requests) where they were scraped."""
     sd = f.sample_digest
+    slots = slots if slots is not None else queue_size(f, work)
     ev = [f"in {sd.waits_served} of {sd.waits} one-second sample(s) taken while requests waited for headers past "
           f"stall.after_s, the server was answering or completing others (up to {sd.past_at_waits_max} past headers, "
           f"up to {sd.waiting_max} waiting for headers; at most {sd.past_headers_max} past headers at any sample of "
-          f"the run): a queue in front of the server's {sd.past_at_waits_max} slot(s), not a hang"]
+          f"the run)" + (f": a queue in front of the server's {slots} slot(s), not a hang" if work is None else "")]
+    if work is not None:
+        ev.append(f"while they waited, the engine kept working: {work.counter} grew by {work.grew:g} over "
+                  f"{work.scrapes} scrapes of {work.url}, with up to {work.running_max:g} running and "
+                  f"{work.waiting_max:g} waiting: a queue in front of the server's {slots} slot(s), not a hang "
+                  f"(the requests it worked on were slow themselves)")
     engine = engine_queue_evidence(f.data.target_metrics)
     ev.extend(engine)
     props = f.meta.get("server_props") or {}
