@@ -171,7 +171,7 @@ def test_requests_waiting_for_headers_while_the_server_answers_others_are_a_queu
 def test_requests_waiting_for_headers_while_nothing_else_moves_are_a_stall_not_a_queue():
     """SIGSTOP, or a server hung with its slots busy: requests past headers are stalled too and
     nothing completes."""
-    v = diagnose(_slot_queue([0, 0, 0]).data())  # (completions counted: none past headers to serve them)
+    v = diagnose(_slot_queue([0, 0, 0, 0, 0]).data())  # (completions counted: none past headers at the ticks)
     assert v["kind"] == "server_queue", "completions while waiting: still a queue"
     v = diagnose(_slot_queue([2, 2, 2], stuck_past=2, ok_grows=False).data())
     assert v["kind"] == "server_stall", v

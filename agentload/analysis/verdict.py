@@ -401,11 +401,14 @@ class SampleDigest:
         self.max_lag = 0.0
         self.last_stalled_by: dict[str, int] | None = None
         # the queue: samples taken while requests waited for headers past stall.after_s, how many of
-        # those found the server serving others, the most requests past headers (answered by the
-        # server) at any sample and at those, and the most waiting for headers at those
+        # those found requests past headers (answered by the server), the most past headers at any
+        # sample and at those, the most waiting for headers at those, and the requests completed from
+        # the first of those samples to the one after the last (the server got through its work)
         self.waits = self.waits_served = self.past_headers_max = self.waiting_max = 0
         self.past_at_waits_max = 0
-        pending: tuple[bool, int | None] | None = None  # the last wait sample: served already?, its ok count
+        self.ok_first: int | None = None
+        self.ok_after_last: int | None = None
+        after_wait = False
         prev_ok: int | None = None
         for s in samples:
             self.n += 1
@@ -413,18 +416,21 @@ class SampleDigest:
             past = inflight.get("ttft", 0) + inflight.get("stream", 0)
             self.past_headers_max = max(self.past_headers_max, past)
             ok = (s.get("counts") or {}).get("ok")
-            if pending is not None:  # the sample before was a wait: requests completed right after it?
-                self.waits_served += pending[0] or (ok is not None and pending[1] is not None and ok > pending[1])
-                pending = None
+            if after_wait and ok is not None:  # the sample after a wait (or a wait itself)
+                self.ok_after_last = ok
+            after_wait = False
             by = s.get("stalled_by") or {}
             waiting = sum(n for k, n in by.items() if k.endswith("/ttfb"))
             if waiting and inflight.get("ttfb", 0):
                 self.waits += 1
                 self.waiting_max = max(self.waiting_max, inflight.get("ttfb", 0))
                 self.past_at_waits_max = max(self.past_at_waits_max, past)
-                stuck_past = sum(n for k, n in by.items() if k.endswith("/ttft") or k.endswith("/stream"))
-                served = past - stuck_past >= 1 or (ok is not None and prev_ok is not None and ok > prev_ok)
-                pending = (served, ok)
+                self.waits_served += past >= 1 or (ok is not None and prev_ok is not None and ok > prev_ok)
+                if self.ok_first is None:
+                    self.ok_first = ok
+                if ok is not None:
+                    self.ok_after_last = ok
+                after_wait = True
             prev_ok = ok
             lag = s.get("loop_lag_ms", 0.0)
             self.max_lag = max(self.max_lag, lag)
@@ -445,14 +451,21 @@ class SampleDigest:
             if w > 0 and pool.get("in_use", 0) > sum(k for ph, k in (s.get("inflight") or {}).items()
                                                     if ph != "pool_wait"):
                 self.leaked += 1
-        if pending is not None:  # the last sample was a wait
-            self.waits_served += pending[0]
+    @property
+    def completed_during_waits(self) -> int:
+        """Requests completed from the first sample that saw requests wait for headers to the one
+        after the last."""
+        if self.ok_first is None or self.ok_after_last is None:
+            return 0
+        return max(0, self.ok_after_last - self.ok_first)
 
     @property
     def queue(self) -> bool:
-        """Requests waited for headers past stall.after_s while the server kept answering others:
+        """Requests waited for headers past stall.after_s while the server answered others (requests
+        past headers in most of those samples) and got through them (requests completed meanwhile):
         a queue in front of the server's slots, not a hang."""
-        return bool(self.waits) and self.waits_served >= QUEUE_SERVED_SHARE * self.waits
+        return (bool(self.waits) and self.waits_served >= QUEUE_SERVED_SHARE * self.waits
+                and self.completed_during_waits > 0)
 
 
 def _end_ns(t: dict[str, int]) -> int:
@@ -1176,9 +1189,10 @@ def queue_evidence(f: Facts, work: Any = None, slots: int | None = None) -> list
     sd = f.sample_digest
     slots = slots if slots is not None else queue_size(f, work)
     ev = [f"in {sd.waits_served} of {sd.waits} one-second sample(s) taken while requests waited for headers past "
-          f"stall.after_s, the server was answering or completing others (up to {sd.past_at_waits_max} past headers, "
-          f"up to {sd.waiting_max} waiting for headers; at most {sd.past_headers_max} past headers at any sample of "
-          f"the run)" + (f": a queue in front of the server's {slots} slot(s), not a hang" if work is None else "")]
+          f"stall.after_s, the server was answering others (up to {sd.past_at_waits_max} past headers, up to "
+          f"{sd.waiting_max} waiting for headers; at most {sd.past_headers_max} past headers at any sample of the "
+          f"run), and {sd.completed_during_waits} request(s) completed meanwhile"
+          + (f": a queue in front of the server's {slots} slot(s), not a hang" if work is None else "")]
     if work is not None:
         ev.append(f"while they waited, the engine kept working: {work.counter} grew by {work.grew:g} over "
                   f"{work.scrapes} scrapes of {work.url}, with up to {work.running_max:g} running and "
