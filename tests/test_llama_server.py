@@ -104,10 +104,15 @@ def run(srv: LlamaServerProc, tmp_path: Path, overrides: list[str], name: str = 
     return res.summary, res.text + "\n--- server log ---\n" + srv.log_tail(1500), recs, meta
 
 
+END_SLACK_NS = 200_000_000  # a busy client reads an answer's last bytes late: the next slot's headers may come first
+
+
 def most_past_headers(recs) -> int:
-    """The most agent requests between their response headers and their end at any moment."""
+    """The most agent requests between their response headers and their end (less END_SLACK_NS) at
+    any moment."""
     events = sorted([(r.t["headers"], 1) for r in recs if "headers" in r.t]
-                    + [(r.t["end"], -1) for r in recs if "headers" in r.t], key=lambda x: (x[0], x[1]))
+                    + [(max(r.t["headers"], r.t["end"] - END_SLACK_NS), -1) for r in recs if "headers" in r.t],
+                    key=lambda x: (x[0], x[1]))
     most = now = 0
     for _, d in events:
         now += d
@@ -183,13 +188,14 @@ def _agent_round(line: bytes) -> int | None:
 
 
 def test_a_slot_queue_is_named_a_queue_with_its_size_not_a_hang(server, tmp_path):
-    """Issue 27 case 4: --parallel 2 with 8 agents: the server answers 2 at once, the others wait
+    """Issue 27 case 4: --parallel 2 with 6 agents: the server answers 2 at once, the others wait
     for headers past stall.after_s. Whether they are answered late (give_up_s far) or given up (near),
     the verdict is server_queue with N = 2, and llama.cpp's own /metrics say the same."""
     srv = server(parallel=2, ctx=4096)
     for name, give_up in (("late", 120.0), ("given-up", 4.0)):
         summary, text, recs, meta = run(srv, tmp_path, [
-            "agents.count=8", "agents.rounds=2", "conversation.system_tokens=200", "conversation.max_tokens=48",
+            "agents.count=6", "agents.rounds=2", "conversation.system_tokens=200", "conversation.max_tokens=24",
+            "client.read_timeout_s=300", "client.total_timeout_s=600",
             "stall.after_s=1.0", f"stall.give_up_s={give_up}", f'target.metrics_urls=["{srv.metrics_url}"]',
             "target.metrics_every_s=0.5"], name=name)
         v = summary["verdict"]
