@@ -1332,7 +1332,7 @@ def test_a_queue_whose_slots_are_slow_themselves_is_told_by_the_engines_work_cou
                 run.stalled(a, 1, "ttft", at_ms=1000, held_ms=4000)
             else:
                 run.stalled(a, 1, "ttfb", at_ms=1000, held_ms=4000)
-        for i in range(3):
+        for _ in range(3):
             run.sample(inflight={"ttfb": 6, "ttft": 2}, stalled=8, stalled_by={"1/ttfb": 6, "1/ttft": 2},
                        counts={"ok": 0})
         for i, n in enumerate(decodes):
