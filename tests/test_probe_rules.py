@@ -151,3 +151,31 @@ def test_probes_are_drawn_in_the_canaries_lane_not_an_agents():
     lanes, _ = build_lanes(run.data())
     assert [ln.key for ln in lanes] == [-1, 0, 1]
     assert [r.kind for r in lanes[0].records] == ["probe_body_fresh"]
+
+
+def test_behind_a_router_a_probe_answered_by_another_backend_compares_backends_not_factors():
+    """The PD incident's shape: every stalled request went to b1; the body answered on b0 and hung
+    on b1, a short prompt answered on b1: the backend, not 'both factors'."""
+    run = RunBuilder(agents=3, rounds=3).fleet(2)
+    run.meta["scenario"]["stall"]["probes"] = True
+    for a in range(3):
+        run.ok(a, 1, prompt_tokens=300, reused=False, backend="b0")
+        run.stalled(a, 2, prompt_tokens=1603, reused=True, backend="b1")
+    probe(run, "probe_body_fresh", True, backend="b0")
+    probe(run, "probe_short_fresh", True, backend="b1")
+    probe(run, "probe_short_reused", True, backend="b1")
+    probe(run, "probe_body_reused", False, backend="b1")
+    v = diagnose(run.data())
+    assert "the hang follows the backend, not the content or the connection: the stalled request's own body " \
+           "answered on b0 and hung on b1" in v["summary"], v["summary"]
+    assert "not where the stalled requests went" in ev_line(v, "probes of stall wave 1")
+    # the same probes where the body answered on b1 too: the factors, as without a router
+    run2 = RunBuilder(agents=3, rounds=3).fleet(2)
+    run2.meta["scenario"]["stall"]["probes"] = True
+    for a in range(3):
+        run2.ok(a, 1, prompt_tokens=300, reused=False, backend="b0")
+        run2.stalled(a, 2, prompt_tokens=1603, reused=True, backend="b1")
+    probe(run2, "probe_body_fresh", True, backend="b1")
+    probe(run2, "probe_short_reused", True, backend="b1")
+    probe(run2, "probe_body_reused", False, backend="b1")
+    assert "the hang needs both" in diagnose(run2.data())["summary"]

@@ -968,11 +968,13 @@ _CAUSE = {  # the headline's clause for what the probes reproduced
 }
 _CAUSE_SHORT = {"content": "it follows the content", "connection": "it follows the connection",
                 "nobody": "no one is answered", "either": "each factor alone reproduces it",
-                "both": "it needs both factors", "not_reproduced": "not reproduced"}
+                "both": "it needs both factors", "not_reproduced": "not reproduced",
+                "backend": "it follows the backend"}
 _KEEPS_THRESHOLD = {"content", "either", "both", "not_reproduced"}  # the others contradict a size threshold
 
 
-def _probe_line(what: str, r: Record | None, state: str | None, backends: bool) -> str | None:
+def _probe_line(what: str, r: Record | None, state: str | None, backends: bool, backend: str | None = None,
+                elsewhere: bool = False) -> str | None:
     if r is None:
         return None
     if state is None:
@@ -985,7 +987,9 @@ def _probe_line(what: str, r: Record | None, state: str | None, backends: bool) 
         text = f"{what} failed ({r.error})"
     else:
         text = f"{what} was cut short by the run's end"
-    return text + (f" (backend {r.backend})" if backends and r.backend else "")
+    backend = backend or r.backend
+    text += f" (backend {backend})" if backends and backend else ""
+    return text + (", not where the stalled requests went: it compares backends" if elsewhere else "")
 
 
 def probe_reading(f: Facts, st: list[Record], thr: int | None,
@@ -999,11 +1003,33 @@ def probe_reading(f: Facts, st: list[Record], thr: int | None,
     ev: list[str] = []
     causes: list[str] = []
     fleet = bool(f.meta.get("fleet")) or len(f.acc.backends) >= MIN_NAMED_BACKENDS  # which backend served each
+    # Behind a router the backend is a third factor: a probe answered by a backend none of the stalled
+    # requests went to compared backends, not the connection or the content
+    where: dict[int, str | None] = {}
+    stalled_on: set[str] = set()
+    if fleet and waves:
+        where = {k: v[0] for k, v in attribute(f.data, f.acc.probes).items()}
+        stalled_on = {b for r in st if (b := f.attribution.get(id(r), (None, None))[0]) is not None}
+    backend_text = ""
     for wave, p in sorted(waves.items())[:MAX_WAVE_LINES]:
-        cause = _probe_cause(p)
+        elsewhere = {k: where.get(id(r)) for k, r in p.items() if stalled_on and _probe_state(r, k.endswith("_reused"))
+                     == "answered" and where.get(id(r)) not in stalled_on and where.get(id(r)) is not None}
+        body_hung = [k for k in ("probe_body_fresh", "probe_body_reused")
+                     if k in p and _probe_state(p[k], k.endswith("_reused")) in _NOT_ANSWERED]
+        body_elsewhere = [k for k in ("probe_body_fresh", "probe_body_reused") if k in elsewhere]
+        if body_elsewhere and body_hung:
+            cause = "backend"
+            if not backend_text:
+                bad = where.get(id(p[body_hung[0]])) or "/".join(sorted(stalled_on))
+                backend_text = (f"the hang follows the backend, not the content or the connection: the stalled "
+                                f"request's own body answered on {elsewhere[body_elsewhere[0]]} and {{hung}} on {bad}, "
+                                f"where the stalled requests went (probes)")
+        else:
+            cause = _probe_cause({k: r for k, r in p.items() if k not in elsewhere})
         any_r = next(iter(p.values()))
         body = p.get("probe_body_fresh") or p.get("probe_body_reused")
-        parts = [x for x in (_probe_line(what, p.get(kind), _probe_state(p.get(kind), reused), fleet)
+        parts = [x for x in (_probe_line(what, p.get(kind), _probe_state(p.get(kind), reused), fleet,
+                                         where.get(id(p.get(kind))), kind in elsewhere)
                              for kind, what, reused in _PROBE_ORDER) if x]
         ev.append(f"probes of stall wave {wave} (agent {any_r.agent}'s round {any_r.round} request"
                   + (f", {body.prompt_tokens:,} prompt tokens" if body is not None else "") + "): "
@@ -1015,7 +1041,8 @@ def probe_reading(f: Facts, st: list[Record], thr: int | None,
     if causes:
         counts = Counter(causes)
         lead = max(counts, key=lambda c: (counts[c], -causes.index(c)))
-        clause = _CAUSE[lead].format(hung="stalled" if slow else "hung", hangs="stalls" if slow else "hangs")
+        clause = (backend_text if lead == "backend" else _CAUSE[lead]).format(
+            hung="stalled" if slow else "hung", hangs="stalls" if slow else "hangs")
         if len(counts) > 1:
             ev.append("the probed waves disagree: " + ", ".join(f"{_CAUSE_SHORT[c]} x{n}" for c, n in counts.most_common())
                       + f"; the headline takes the most common ({_CAUSE_SHORT[lead]})")
