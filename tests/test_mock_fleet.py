@@ -23,6 +23,7 @@ from agentload.mock import MockConfig, MockProcess
 from agentload.mock.server import start_server
 from agentload.tokens import message_tokens, prompt_tokens, synthetic_text, text_tokens
 
+TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # a W3C traceparent (the spec's example)
 TIMEOUT = aiohttp.ClientTimeout(total=10, sock_connect=5)
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "read a file", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
@@ -401,7 +402,7 @@ async def test_request_log_one_line_per_request(tmp_path):
     ok_msgs = [{"role": "user", "content": "go"}]
     async with served(name="b1", request_log=str(log), output_tokens=3, prefix_cache_tokens=10_000) as (s, url):
         t_start = time.perf_counter_ns()
-        status, _, _, _ = await stream(s, url, body(ok_msgs), {"X-Request-ID": "r-ok"})
+        status, _, _, _ = await stream(s, url, body(ok_msgs), {"X-Request-ID": "r-ok", "traceparent": TP})
         assert status == 200
         async with s.post(url + "/v1/chat/completions", data=b"{", headers={"X-Request-ID": "r-bad"}) as r:
             assert r.status == 400
@@ -431,9 +432,11 @@ async def test_request_log_one_line_per_request(tmp_path):
     by_id = {r["id"]: r for r in rows}
     assert set(by_id) == {"r-ok", "r-bad", "r-err", "r-gone", "r-drop", own_id}
     keys = {"id", "backend", "recv_ns", "end_ns", "round", "prompt_tokens", "cached_tokens", "status", "outcome",
-            "fault", "stream", "api"}
+            "fault", "stream", "api", "traceparent"}
     for r in rows:
         assert set(r) == keys and r["backend"] == "b1" and r["api"] == "chat"
+        # the trace context as the request carried it (only r-ok sent one here)
+        assert r["traceparent"] == (TP if r["id"] == "r-ok" else None)
         assert t_start <= r["recv_ns"] <= r["end_ns"] <= t_end  # the same clock as the client's
     expect = {  # id: (outcome, status, fault at receipt, stream)
         "r-ok": ("ok", 200, None, True), "r-bad": ("rejected", 400, None, False),
