@@ -17,6 +17,9 @@ What these runs rely on (checked against 1.108.7):
   (`litellm_deployment_total_requests_total`, `..._success_responses_total`,
   `..._failure_responses_total`): a failure names the backend; a hang that has not ended does not
   show (agentload.analysis.target_evidence, `LITELLM`).
+- /v1/messages and /v1/responses (issue 29): with `use_chat_completions_api: true` in a deployment's
+  litellm_params the proxy translates both into chat/completions for the backend and streams back
+  in the API's own events; without it an openai/ deployment gets /v1/messages as /v1/responses.
 """
 
 from __future__ import annotations
@@ -208,3 +211,86 @@ def test_raw_streams_through_litellm(tmp_path, stack):
     last = chunks(raw)[-1]
     assert last["error"]["code"] == "408" and "timed out" in last["error"]["message"], last
     assert sum(1 for c in chunks(raw)[:-1] if c["choices"][0]["delta"].get("content")) == 3
+
+
+# ------------------------------------------------------------------ /v1/messages and /v1/responses (issue 29)
+
+
+def _apis_seen(log) -> dict[str, int]:
+    """{api: requests} from a mock's request log (the route each request came in on)."""
+    out: dict[str, int] = {}
+    for line in log.read_text().splitlines():
+        api = json.loads(line)["api"]
+        out[api] = out.get(api, 0) + 1
+    return out
+
+
+@pytest.mark.parametrize("api", ["messages", "responses"])
+def test_litellm_translates_each_api_to_chat_backends(tmp_path, stack, api):
+    """LiteLLM's proxy answers /v1/messages and /v1/responses in front of chat/completions backends
+    (deployments with `use_chat_completions_api: true`) by translating them: the backends see chat
+    requests only, agentload reads the proxy's own Anthropic and OpenAI Responses streams into a
+    healthy run. (Without that flag an openai/ deployment is assumed to speak Responses: the proxy
+    sent /v1/messages on to the backends' /v1/responses, which the mock answers too.)"""
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    proxy, (a, b) = stack([MockConfig(**BACKEND, request_log=str(p)) for p in logs],
+                           params={"use_chat_completions_api": True})
+    _warm_up(proxy, api)
+    run = tmp_path / "run"
+    res = run_scenario("healthy", run, _through(proxy, *LIGHT, f'target.api="{api}"'))
+    seen = {k: v for log in logs if log.exists() for k, v in _apis_seen(log).items()}
+    print(api, "-> backends saw", seen)
+    assert res.summary["verdict"]["kind"] == "healthy", res.text
+    recs = load_records(run / "records.jsonl").records
+    agents = [r for r in recs if r.kind == "agent"]
+    assert agents and all(r.outcome == "ok" for r in agents), res.text
+    assert all(r.output_tokens and r.prompt_tokens for r in agents)
+    assert set(seen) == {"chat"}, seen  # translated: the backends speak chat only
+    _no_key_on_disk(run)
+
+
+def _warm_up(proxy: LiteLLMProcess, api: str) -> None:
+    """One short streamed request of `api` through the proxy: its first one of a route imports the
+    translation code (seconds on a busy machine), which would read as a stall in round 1."""
+    import urllib.request
+    body = ({"model": "mock-model", "max_tokens": 4, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+            if api == "messages" else {"model": "mock-model", "max_output_tokens": 4, "stream": True, "input": "hi"})
+    req = urllib.request.Request(f"{proxy.url}/{api}", data=json.dumps(body).encode(), headers={
+        "Authorization": f"Bearer {MASTER_KEY}", "Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=60) as r:
+        r.read()
+
+
+@pytest.mark.parametrize("api", ["messages", "responses"])
+def test_long_context_hang_behind_litellm_in_each_api(tmp_path, stack, api):
+    """The long-context hang (no status, no headers once a prompt reaches 6,000 tokens) on a chat
+    backend behind LiteLLM's translation: the same server_stall as with chat, in ttfb from round 4
+    (tests/test_apis.py has it through smg and on the mock). The proxy sends no headers before the
+    backend does, so the phase survives the translation; and it keeps waiting on the hung backend
+    after agentload gave up, which its in-flight gauge shows (a router_leak beside the stall)."""
+    log = tmp_path / "backend.log"
+    proxy, (m,) = stack([MockConfig(**BACKEND, hang_above_tokens=6000, request_log=str(log))],
+                        params={"use_chat_completions_api": True})
+    _warm_up(proxy, api)
+    run = tmp_path / "run"
+    # stall.after_s / give_up_s above the scenario's (2 s / 5 s): on 2 shared cores the proxy can take
+    # seconds over a request of its own, which is not the hang this test is about
+    res = run_scenario("long-context-hang", run, _through(proxy, "agents.count=6", f'target.api="{api}"',
+                                                            "canary.every_s=1.0", "stall.after_s=4.0",
+                                                            "stall.give_up_s=10.0"))
+    v = res.summary["verdict"]
+    print(api, v)
+    assert (v["kind"], v["phase"], v["first_round"]) == ("server_stall", "ttfb", 4), res.text
+    recs = load_records(run / "records.jsonl").records
+    stalled = [r for r in recs if r.kind == "agent" and r.stalled_phase]
+    # the translated chat prompt is not quite agentload's count: an agent near the line may cross it in round 5
+    assert stalled and min(r.round for r in stalled) == 4 and all(r.stalled_phase == "ttfb" for r in stalled), \
+        [(r.round, r.stalled_phase) for r in stalled]
+    assert all(r.prompt_tokens >= 5000 for r in stalled)
+    # every stalled request hung at the backend (and so did the probe that resent its body)
+    assert m.stats()["hung"] >= len(stalled)
+    # the proxy still waits on the hung backend after agentload gave up: its in-flight gauge shows it
+    assert any(s["kind"] == "router_leak" for s in v["secondary"]), v["secondary"]
+    assert set(_apis_seen(log)) == {"chat"}
+    _no_key_on_disk(run)
