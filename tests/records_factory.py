@@ -61,7 +61,7 @@ class RunBuilder:
             tool_calls: int | None = None, proxied: bool = False, token_chunks: int | None = None,
             token_reads: int = 0, server: str | None = None, max_gap_ms: float = 0.0,
             sent_ms: float = 0.1, protocol: list[str] | None = None,
-            tool_call_problems: list[str] | None = None) -> Record:
+            tool_call_problems: list[str] | None = None, traceparent: str | None = None) -> Record:
         """One request whose phases last as given; a None phase (and every one after it) never happened.
         `at_ms`: its start (ms on the records' clock, t0 = 0), else right after the previous one.
         `held_ms`: a request that did not complete ends this long after its last stamp (a hang: the
@@ -94,6 +94,8 @@ class RunBuilder:
         extra = {"bad_events": bad_events} if "bad_events" in Record.__dataclass_fields__ else {}
         if backend is not None or cached_tokens is not None or conversation or id_sent is not None:
             extra.update(backend=backend, cached_tokens=cached_tokens, conversation=conversation, id_sent=id_sent)
+        if traceparent is not None:
+            extra["traceparent"] = traceparent
         if idle_ms is not None:  # a reused connection's idle time in the pool
             extra["idle_ns"] = int(idle_ms * MS)
         if token_reads or server is not None:
@@ -184,7 +186,8 @@ class RunBuilder:
                                   "at_ns": t0 + int(end_s * S), "planned_s": p["at_s"], "ok": True, "error": None})
 
     def log(self, backend: str, rec: Record | None = None, *, id: str | None = None, recv_ms: float | None = None,
-            outcome: str | None = None, fault: str | None = None, cached_tokens: int | None = None) -> dict:
+            outcome: str | None = None, fault: str | None = None, cached_tokens: int | None = None,
+            traceparent: str | None = None) -> dict:
         """A line of fleet/<backend>.requests.jsonl: for a record (its id_sent, else its request_id;
         received when it was sent), or for an id alone at `recv_ms`."""
         if rec is not None:
@@ -200,6 +203,8 @@ class RunBuilder:
         line = {"id": id, "backend": backend, "recv_ns": recv, "end_ns": end, "round": rnd, "prompt_tokens": prompt,
                 "cached_tokens": cached_tokens, "status": 200 if outcome == "ok" else None, "outcome": outcome,
                 "fault": fault, "stream": True}
+        if traceparent is not None:
+            line["traceparent"] = traceparent
         self.logs.setdefault(backend, []).append(line)
         return line
 

@@ -324,12 +324,73 @@ def test_compare_shows_router_rows_side_by_side(tmp_path):
     assert doc["varied"] == ["router.policy"]
     m = {v["name"]: v["metrics"] for v in doc["variants"]}
     assert m["policy=cache_aware"]["stickiness"] == 1.0 and m["policy=round_robin"]["stickiness"] == 0.0
+    assert "conversations on one backend" in labels and "load imbalance overall / worst window" in labels
+    assert m["policy=cache_aware"]["conversation_stickiness"] == 1.0
+    assert m["policy=round_robin"]["conversation_stickiness"] == 0.0
     assert m["policy=cache_aware"]["fault1_stopped_s"] == 2.0
     assert m["policy=cache_aware"]["fault1_used_again_s"] == 1.0 and m["policy=round_robin"]["fault1_used_again_s"] == 5.0
     text = render_text(doc)
     assert "stickiness" in text and "100%*" in text
     html = build_compare_html(doc)
     assert "fig-cmp-router" in html and "data-figures='4'" in html
+
+
+def test_stickiness_per_conversation_and_load_imbalance(tmp_path):
+    """Conversations' requests by backend: a0's two conversations each stay on b0, a1's goes b1, b1,
+    b2, a2's has one request (not counted); an unattributed request counts nowhere. b0 has 5 of 9:
+    imbalance 5/9 x 3; the first 10 s window (7 requests) 3/7 x 3; the third (2 requests, under 2 per
+    backend) is left out."""
+    run = RunBuilder(agents=3, rounds=3).fleet(3)
+    for rnd, at in ((1, 1000), (2, 2000), (3, 3000)):
+        run.ok(0, rnd, backend="b0", at_ms=at)
+        run.ok(1, rnd, backend="b2" if rnd == 3 else "b1", at_ms=at + 100)
+    run.ok(2, 1, backend="b2", at_ms=4000)
+    run.ok(2, 2, at_ms=5000)  # no fingerprint, no log line
+    for rnd, at in ((1, 21_000), (2, 22_000)):
+        run.ok(0, rnd, backend="b0", conversation=1, at_ms=at)
+    run.meta["t_end_ns"] = 30_000 * MS
+    summary = build_summary(run.write(tmp_path / "run"))
+    r = summary["router"]
+    c = r["conversations"]
+    assert (c["conversations"], c["with_2_plus"], c["on_one_backend"]) == (4, 3, 2)
+    assert c["share"] == pytest.approx(2 / 3, abs=1e-4)
+    assert c["mean_top_share"] == pytest.approx((1 + 2 / 3 + 1) / 3, abs=1e-4)
+    x = r["imbalance"]
+    assert (x["backends"], x["requests"], x["busiest"]) == (3, 9, "b0")
+    assert x["overall"] == pytest.approx(5 / 9 * 3, abs=1e-4)
+    assert (x["windows"], x["window_max_at_s"], x["min_window_requests"]) == (1, 0, 6)
+    assert x["window_max"] == pytest.approx(3 / 7 * 3, abs=1e-4)
+    text = render(summary)
+    assert "per conversation: 67% (2 of 3) of the conversations with 2+ requests" in text
+    assert "1.67 overall (b0 busiest), worst 10 s window 1.29 at +0 s (of 1 windows with 6+ requests)" in text
+
+
+def test_the_routers_own_time_per_backend_joined_by_traceparent_then_by_id(tmp_path):
+    """Backend log arrival - request sent: r1's log line carries another id (a router that rewrote
+    X-Request-ID) but its traceparent; r2's has no traceparent (its id joins); r3 was retried, b0
+    first (its earliest arrival counts); r4's line predates its send stamp (left out, counted)."""
+    run = RunBuilder(agents=1, rounds=4).fleet(2)
+    tp = [f"00-{'%032x' % 7}-{'%016x' % i}-01" for i in range(1, 5)]
+    sent = lambda rec: rec.t["sent"] / MS  # noqa: E731
+    r1 = run.ok(0, 1, backend="b0", id_sent="x1", traceparent=tp[0], at_ms=1000)
+    run.log("b0", id="rewritten-1", recv_ms=sent(r1) + 2, traceparent=tp[0])
+    r2 = run.ok(0, 2, backend="b1", id_sent="x2", traceparent=tp[1], at_ms=2000)
+    run.log("b1", r2, recv_ms=sent(r2) + 5)
+    r3 = run.ok(0, 3, backend="b1", id_sent="x3", traceparent=tp[2], at_ms=3000)
+    run.log("b1", r3, recv_ms=sent(r3) + 50, traceparent=tp[2])
+    run.log("b0", r3, recv_ms=sent(r3) + 1, traceparent=tp[2], outcome="error")
+    r4 = run.ok(0, 4, backend="b0", id_sent="x4", at_ms=4000)
+    run.log("b0", r4, recv_ms=sent(r4) - 1)
+    summary = build_summary(run.write(tmp_path / "run"))
+    rt = summary["router"]["router_time"]
+    assert (rt["by_traceparent"], rt["by_id"], rt["before_sent"]) == (2, 2, 1)
+    b0, b1 = rt["backends"]["b0"], rt["backends"]["b1"]
+    assert b0["n"] == 2 and b0["p50_ms"] == pytest.approx(1.0, rel=0.01) and b0["p99_ms"] == pytest.approx(2.0, rel=0.01)
+    assert b1["n"] == 1 and b1["p50_ms"] == pytest.approx(5.0, rel=0.01)
+    assert rt["all"]["n"] == 3 and rt["all"]["p99_ms"] == pytest.approx(5.0, rel=0.01)
+    text = render(summary)
+    assert "router's own time (request sent -> arrival in the backend's log, 2 joined by traceparent, 2 by request id)" in text
+    assert "1 arrived before the send stamp (left out)" in text
 
 
 # ---------------------------------------------------------------- the bounded structures

@@ -132,6 +132,11 @@ def router_metrics(r: dict[str, Any]) -> dict[str, Any]:
     token by round (the same round bands as the run's tables), and per fault how soon the router
     stopped routing to the faulty backend and used it again."""
     m: dict[str, Any] = {"cache_hit_rate": r.get("cache_hit_rate"), "stickiness": (r.get("stickiness") or {}).get("share")}
+    m["conversation_stickiness"] = (r.get("conversations") or {}).get("share")
+    imb = r.get("imbalance") or {}
+    m["imbalance"], m["imbalance_window_max"] = imb.get("overall"), imb.get("window_max")
+    hop = (r.get("router_time") or {}).get("all") or {}
+    m["router_time_p50_ms"], m["router_time_p99_ms"] = hop.get("p50_ms"), hop.get("p99_ms")
     for x in r.get("round_bands") or r.get("rounds") or []:
         label = _round_label(x)
         tt = x.get("time_to_first_token") or {}
@@ -154,7 +159,10 @@ def router_rows(variants: list[dict[str, Any]]) -> list[tuple[tuple[str, ...], s
     if not any("cache_hit_rate" in m for m in ms):
         return []
     rows: list[tuple[tuple[str, ...], str, str | None]] = [
-        (("cache_hit_rate",), "cache hit rate", "higher"), (("stickiness",), "stickiness", "higher")]
+        (("cache_hit_rate",), "cache hit rate", "higher"), (("stickiness",), "stickiness", "higher"),
+        (("conversation_stickiness",), "conversations on one backend", "higher"),
+        (("imbalance", "imbalance_window_max"), "load imbalance overall / worst window", "lower"),
+        (("router_time_p50_ms", "router_time_p99_ms"), "router's own time p50 / p99 ms", "lower")]
     seen: list[str] = []
     for m in ms:
         for k in m:

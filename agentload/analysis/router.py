@@ -59,6 +59,11 @@ MAX_RETRY_EXAMPLES = 5
 MIN_NAMED_BACKENDS = 2
 MAX_BACKENDS = 256  # distinct names kept apart; more (a server whose fingerprint varies) go in OTHER
 OTHER = "other"
+# load imbalance (vllm-router's `hotspot`): the busiest backend's share of requests x the number of
+# backends (1.0: even; n: all on one), overall and per window of this many seconds; a window counts
+# when it has at least this many requests per backend (one request alone is always a "hotspot")
+IMBALANCE_WINDOW_S = 10
+IMBALANCE_MIN_PER_BACKEND = 2
 
 
 def _s(ns: int | None, t0: int) -> float | None:
@@ -249,6 +254,20 @@ class LogIndex:
             return int(self.b[role][i])
         return None
 
+    def first(self, role: str, h: int) -> tuple[int, int] | None:
+        """(backend, arrival) of the earliest arrival of this id among the role's backends (a line
+        without an arrival stamp counts as none)."""
+        hs = self.h.get(role)
+        if hs is None or not len(hs):
+            return None
+        key = np.uint64(h)
+        lo = int(np.searchsorted(hs, key, side="left"))
+        hi = int(np.searchsorted(hs, key, side="right"))
+        for i in range(lo, hi):
+            if int(self.t[role][i]) > 0:
+                return int(self.b[role][i]), int(self.t[role][i])
+        return None
+
     def repeats(self, role: str) -> tuple[int, int, list[int]]:
         """(ids at 2+ backends of the role, ids twice or more at one backend, the first hashes of
         the former): a router's retries, across backends and on the same one."""
@@ -341,6 +360,13 @@ def _ttft(h: SparseHistogram) -> dict[str, Any] | None:
     return {"n": h.get_total_count(), "p50_ms": pct[50], "p90_ms": pct[90]}
 
 
+def _hop_pct(h: SparseHistogram) -> dict[str, Any] | None:
+    pct = percentiles_ms(h, (50, 99))
+    if pct is None:
+        return None
+    return {"n": h.get_total_count(), "p50_ms": pct[50], "p99_ms": pct[99]}
+
+
 def ttft_ns(r: Record) -> int | None:
     """Time to first token: request sent -> first token (what the verdict's healthy line says)."""
     t = r.t
@@ -378,8 +404,17 @@ class RouterPass:
         self.faults = [_FaultTally(f) for f in faults_of(data)] if self.fleet else []
         self.log_counts: dict[str, Counter] = {}
         self.log_arrivals: dict[str, int] = {}
+        # per conversation (agent, conversation): its requests by backend (main role, attributed)
+        self._convs: dict[tuple[int, int], Counter] = {}
+        self._windows: dict[int, Counter] = {}  # IMBALANCE_WINDOW_S window -> backend -> requests
+        self._load: Counter = Counter()  # backend -> requests (main role, attributed)
+        # the router's own time: backend log arrival - request sent, per backend of the arrival
+        self.hop: dict[str, SparseHistogram] = {}
+        self.hop_by_tp = self.hop_by_id = self.hop_before_sent = 0
+        self.tp_index = LogIndex()  # the log lines' traceparents, as `index` has their ids
         self.index = self._read_logs()
         self.has_index = bool(self.index)
+        self.has_tp = bool(self.tp_index)
 
     # ---- before the pass
 
@@ -396,11 +431,15 @@ class RouterPass:
                 outcomes[str(line.get("outcome"))] += 1
                 recv = line.get("recv_ns")
                 index.add(b.role, id_hash(line["id"]), bi, int(recv) if isinstance(recv, int) else 0)
+                tp = line.get("traceparent")
+                if isinstance(tp, str) and tp and isinstance(recv, int):
+                    self.tp_index.add(b.role, id_hash(tp), bi, int(recv))
                 if isinstance(recv, int):
                     for ft in mine:
                         self._arrival(ft, recv, line)
             self.log_counts[b.name] = outcomes
             self.log_arrivals[b.name] = n
+        self.tp_index.freeze()
         return index.freeze()
 
     @staticmethod
@@ -454,12 +493,16 @@ class RouterPass:
         self.prefill_attributed += prefill is not None
         tt = ttft_ns(r)
         label = backend if backend is not None else UNATTRIBUTED
+        sent = t.get("sent") or s
         if backend is not None:
             role = self.by_name[backend].role if backend in self.by_name else self.role
             self._tally(backend, role).add(r, tt)
+            if role == self.role:
+                self._spread(r, backend, sent)
         if prefill is not None:
             self._tally(prefill, "prefill").add(r, tt)
-        sent = t.get("sent") or s
+        if self.has_index and "sent" in t:
+            self._hop(r, t["sent"])
         if sent is not None:
             self.over_time.add(label, sent)
         rt = self.rounds.get(r.round)
@@ -487,6 +530,45 @@ class RouterPass:
                     ft.stalls += bad_stall
                     ft.errors_there += bad_error and there
                     ft.stalls_there += bad_stall and there
+
+    def _spread(self, r: Record, backend: str, sent: int | None) -> None:
+        """A request of the main role on `backend`: its conversation's counts and its window's."""
+        k = (r.agent, r.conversation)
+        c = self._convs.get(k)
+        if c is None:
+            c = self._convs[k] = Counter()
+        c[backend] += 1
+        self._load[backend] += 1
+        if sent is not None:
+            w = (sent - self.t0) // (IMBALANCE_WINDOW_S * 1_000_000_000)
+            wc = self._windows.get(w)
+            if wc is None:
+                wc = self._windows[w] = Counter()
+            wc[backend] += 1
+
+    def _hop(self, r: Record, sent: int) -> None:
+        """The router's own time for this request: the earliest arrival of it in a backend log of
+        the main role (joined by traceparent where the log has it, else by request id) - sent."""
+        hit = None
+        if self.has_tp and r.traceparent:
+            hit = self.tp_index.first(self.role, id_hash(r.traceparent))
+            if hit is not None:
+                self.hop_by_tp += 1
+        if hit is None and r.id_sent:
+            hit = self.index.first(self.role, id_hash(r.id_sent))
+            if hit is not None:
+                self.hop_by_id += 1
+        if hit is None:
+            return
+        bi, recv = hit
+        if recv < sent:  # arrived before agentload's send stamp: not a time the router took
+            self.hop_before_sent += 1
+            return
+        name = self.backends[bi].name
+        h = self.hop.get(name)
+        if h is None:
+            h = self.hop[name] = SparseHistogram()
+        h.record_ns(recv - sent)
 
     def _tally(self, name: str, role: str) -> _BackendTally:
         k = (name, role)
@@ -543,9 +625,74 @@ class RouterPass:
             **self._rounds(),
             "stickiness": {"pairs": self.sticky_pairs, "same": self.sticky_same,
                            "share": _rate(self.sticky_same, self.sticky_pairs)},
+            "conversations": self._conversations(),
+            "imbalance": self._imbalance(),
+            "router_time": self._router_time(),
             "faults": [self._fault(ft) for ft in self.faults],
             "inflight": router_inflight(self.data.target_metrics, self.meta, self.min_start, self.max_end),
         }
+
+    def _conversations(self) -> dict[str, Any]:
+        """Stickiness per conversation: of the conversations with 2+ requests attributed to a
+        backend (of the main role), how many had them all on one backend, and the mean share of a
+        conversation's requests on its most-used backend."""
+        multi = one = 0
+        top_share = 0.0
+        for c in self._convs.values():
+            n = sum(c.values())
+            if n < 2:
+                continue
+            multi += 1
+            top = max(c.values())
+            one += top == n
+            top_share += top / n
+        return {"conversations": len(self._convs), "with_2_plus": multi, "on_one_backend": one,
+                "share": _rate(one, multi), "mean_top_share": round(top_share / multi, 4) if multi else None}
+
+    def _imbalance(self) -> dict[str, Any]:
+        """Load imbalance (vllm-router's hotspot): the busiest backend's share of the requests x the
+        number of backends, overall and its worst IMBALANCE_WINDOW_S window (of those with at least
+        IMBALANCE_MIN_PER_BACKEND requests per backend)."""
+        names = {b.name for b in self.backends if b.role == self.role} | set(self._load)
+        n = len(names)
+        total = sum(self._load.values())
+        out: dict[str, Any] = {"backends": n, "requests": total, "overall": None, "busiest": None,
+                               "window_s": IMBALANCE_WINDOW_S, "min_window_requests": IMBALANCE_MIN_PER_BACKEND * n,
+                               "windows": 0, "window_max": None, "window_max_at_s": None}
+        if not total or not n:
+            return out
+        busiest, top = max(self._load.items(), key=lambda x: (x[1], x[0]))
+        out["overall"] = round(top / total * n, 4)
+        out["busiest"] = busiest
+        worst: tuple[float, int] | None = None
+        for w in sorted(self._windows):
+            c = self._windows[w]
+            wt = sum(c.values())
+            if wt < IMBALANCE_MIN_PER_BACKEND * n:
+                continue
+            out["windows"] += 1
+            v = round(max(c.values()) / wt * n, 4)
+            if worst is None or v > worst[0]:
+                worst = (v, w)
+        if worst is not None:
+            out["window_max"] = worst[0]
+            out["window_max_at_s"] = worst[1] * IMBALANCE_WINDOW_S
+        return out
+
+    def _router_time(self) -> dict[str, Any]:
+        """The router's own time per request: a backend log's arrival - the record's `sent` stamp
+        (one clock on one host), per backend of the arrival."""
+        total = SparseHistogram()
+        per = {}
+        order = [b.name for b in self.backends if b.name in self.hop]
+        order += sorted(k for k in self.hop if k not in order)
+        for name in order:
+            h = self.hop[name]
+            total.add(h)
+            per[name] = _hop_pct(h)
+        return {"what": "backend log arrival - request sent", "by_traceparent": self.hop_by_tp,
+                "by_id": self.hop_by_id, "before_sent": self.hop_before_sent, "all": _hop_pct(total),
+                "backends": per}
 
     def _attribution(self) -> dict[str, Any]:
         out: dict[str, Any] = {"requests": self.requests, "attributed": self.by_fingerprint + self.by_log,

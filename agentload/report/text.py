@@ -192,6 +192,44 @@ def fault_line(f: dict[str, Any]) -> str:
     return what + ": " + ", ".join(parts)
 
 
+def conversations_line(c: dict[str, Any] | None) -> str | None:
+    """`per conversation: 80% (8 of 10) of the conversations with 2+ requests stayed on one backend; ...`"""
+    if not c or not c.get("with_2_plus"):
+        return None
+    return (f"per conversation: {_pct(c['share'])} ({c['on_one_backend']} of {c['with_2_plus']}) of the conversations "
+            f"with 2+ requests had all of them on one backend; on average {_pct(c['mean_top_share'])} of a "
+            f"conversation's requests went to its most-used backend")
+
+
+def imbalance_line(x: dict[str, Any] | None) -> str | None:
+    """`load imbalance: 1.20 overall (b0 busiest) ...` (busiest share x backends; 1.00 = even)."""
+    if not x or x.get("overall") is None:
+        return None
+    line = (f"load imbalance (busiest backend's share of requests x {x['backends']} backends; 1.00 = even): "
+            f"{x['overall']:.2f} overall ({x['busiest']} busiest)")
+    if x.get("window_max") is not None:
+        line += (f", worst {x['window_s']} s window {x['window_max']:.2f} at +{x['window_max_at_s']} s (of "
+                 f"{x['windows']} windows with {x['min_window_requests']}+ requests)")
+    else:
+        line += f", no {x['window_s']} s window with {x['min_window_requests']}+ requests"
+    return line
+
+
+def router_time_line(x: dict[str, Any] | None) -> str | None:
+    """`router's own time (request sent -> backend log arrival) p50 / p99: 0.4 / 2.1 ms; b0 ...`"""
+    if not x or not x.get("all"):
+        return None
+    a = x["all"]
+    line = (f"router's own time (request sent -> arrival in the backend's log, {x['by_traceparent']} joined by "
+            f"traceparent, {x['by_id']} by request id) p50 / p99 ms: {_ms(a['p50_ms'])} / {_ms(a['p99_ms'])}")
+    per = [f"{name} {_ms(h['p50_ms'])} / {_ms(h['p99_ms'])}" for name, h in (x.get("backends") or {}).items() if h]
+    if per:
+        line += "; by backend: " + ", ".join(per)
+    if x.get("before_sent"):
+        line += f"; {x['before_sent']} arrived before the send stamp (left out)"
+    return line
+
+
 def inflight_line(x: dict[str, Any]) -> str:
     line = (f"router in flight: {x['url']} {x['gauge']} = {x['at_last_scrape']:g} at the last scrape "
             f"(+{x['last_scrape_s']:.1f} s)")
@@ -241,6 +279,10 @@ def render_router(con: Console, r: dict[str, Any]) -> None:
     if st.get("pairs"):
         con.print(f"stickiness: {_pct(st['share'])} ({st['same']} of {st['pairs']}) of consecutive rounds of a "
                   f"conversation went to the backend of the round before", soft_wrap=True, markup=False)
+    for line in (conversations_line(r.get("conversations")), imbalance_line(r.get("imbalance")),
+                 router_time_line(r.get("router_time"))):
+        if line:
+            con.print(line, soft_wrap=True, markup=False)
     for f in r.get("faults", []):
         con.print(fault_line(f), soft_wrap=True, markup=False)
     for x in r.get("inflight", []):
