@@ -2,7 +2,9 @@
 
 Exit status of `run`: 0 healthy, 1 a problem was found (`--fail-on never` turns that off),
 2 a usage error (bad scenario, bad flag, missing file, a run folder that is not new or empty, an
-unset secret variable) with one line naming what is wrong.
+unset secret variable) with one line naming what is wrong, 130 interrupted with a healthy verdict.
+`report` and `compare`: 0 when they wrote their output, whatever the verdicts; 2 a usage error;
+`compare` 130 when interrupted.
 
 Everything printed goes through `agentload.redact`: a secret the environment holds is printed as `***`.
 """
@@ -62,9 +64,9 @@ def run(
     fail_on: Annotated[str, typer.Option(help="'problem': exit 1 when the verdict is not healthy; 'never'")] = "problem",
     live: Annotated[bool, typer.Option(help="Print a live line every second")] = True,
     metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", help="Serve agentload's own live state in Prometheus format at 127.0.0.1:PORT/metrics (0: a free port, printed)")] = None,
-    workers: Annotated[int, typer.Option("--workers", help="Run the agents in N processes (own event loop and client pool each: [client] pool settings apply per process); one report")] = 1,
+    workers: Annotated[int, typer.Option("--workers", help="Run the agents in N processes (own event loop and client pool each: \\[client] pool settings apply per process); one report")] = 1,
     ray: Annotated[Optional[str], typer.Option("--ray", help="Run the agents in Ray actors (shards) on this cluster: host:port, 'auto', or 'local' (a throwaway one on this machine); needs --endpoint")] = None,
-    shards: Annotated[Optional[int], typer.Option("--shards", help="With --ray: how many shards (actors), each its own event loop and pool (default: [cluster] shards, 2)")] = None,
+    shards: Annotated[Optional[int], typer.Option("--shards", help="With --ray: how many shards (actors), each its own event loop and pool (default: \\[cluster] shards, 2)")] = None,
     shard: Annotated[Optional[str], typer.Option("--shard", help="Run only shard I of N (agents i with i % N == I), e.g. 0/4; join the folders with `agentload merge`")] = None,
 ) -> None:
     """Run a scenario and print its report (verdict first)."""
@@ -225,7 +227,7 @@ def _toml_str(s: str) -> str:
 def mock(
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0 picks a free one)")] = 8000,
-    scenario: Annotated[Optional[str], typer.Option(help="Take [mock] settings from this scenario")] = None,
+    scenario: Annotated[Optional[str], typer.Option(help="Take \\[mock] settings from this scenario")] = None,
     set_: SetOpt = None,
 ) -> None:
     """Run the mock OpenAI-compatible server standalone (e.g. behind a router)."""

@@ -314,3 +314,26 @@ def test_an_endpoint_without_v1_gets_a_warning_line(tmp_path):
                                     "canary.every_s=0", "agents.error_retries=0"])
         run_to_dir(sc, tmp_path / "b", live=False, install_signals=False, log=logs.append)
         assert not [m for m in logs if "warning" in m], logs
+
+
+def test_help_texts_show_the_section_names_rich_would_swallow():
+    """`[cluster]` in a help text is rich markup to typer unless escaped: --shards' help read
+    "(default:  shards, 2)". Every `[section]` a help text names is printed."""
+    import typer.main
+
+    from agentload.cli import app
+
+    group = typer.main.get_command(app)
+    checked = 0
+    for name, cmd in group.commands.items():
+        wanted = set()
+        for p in cmd.params:
+            wanted |= set(re.findall(r"\[[a-z_]+\]", (getattr(p, "help", None) or "").replace("\\[", "[")))
+        if not wanted:
+            continue
+        r = cli(name, "--help", env={"COLUMNS": "400", "TERM": "dumb"}, timeout=60)
+        assert r.returncode == 0, r.stderr
+        for w in wanted:
+            assert w in r.stdout, (name, w, r.stdout)
+            checked += 1
+    assert checked >= 3

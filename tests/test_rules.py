@@ -1347,3 +1347,35 @@ def test_a_queue_whose_slots_are_slow_themselves_is_told_by_the_engines_work_cou
     assert "the engine kept working: llamacpp:n_decode_total grew by 80 over 3 scrapes" in ev, ev
     v = diagnose(build([40, 40, 40]).write(tmp_path / "hung"))  # slots busy, no work done: a hang
     assert v["kind"] == "server_stall", v
+
+
+def test_agents_due_that_never_started_keep_the_verdict_from_healthy():
+    """The load asked for was not applied: client_saturated (agentload's side), with the counts;
+    a server finding that stopped agents still leads."""
+    run = healthy_base(agents=4, rounds=3)
+    run.meta["scenario"]["agents"]["count"] = 2_000_000
+    run.meta.update(agents_started=7_680, agents_due_unstarted=2_000_000 - 7_680)
+    v = diagnose(run.data())
+    assert v["kind"] == "client_saturated", v
+    assert "started only 7,680 of 2,000,000 agents" in v["summary"], v["summary"]
+    assert "1,992,320 were due before the run ended" in " ".join(v["evidence"]), v["evidence"]
+    run.stalled(1, 3, phase="ttfb")
+    v = diagnose(run.data())
+    assert v["kind"] == "server_stall" and [s["kind"] for s in v["secondary"]] == ["client_saturated"], v
+
+
+def test_agents_scheduled_after_the_end_are_a_warning_not_a_finding(tmp_path):
+    from agentload.analysis.summary import build_summary
+
+    run = healthy_base(agents=4, rounds=3)
+    run.meta["scenario"]["agents"]["count"] = 10
+    run.meta.update(agents_started=4, agents_due_unstarted=0)
+    data = run.write(tmp_path)
+    s = build_summary(data)
+    assert s["verdict"]["kind"] == "healthy", s["verdict"]
+    assert any("6 of 10 agents asked for never started" in w and "due only after the run ended" in w
+               for w in s["warnings"]), s["warnings"]
+    run = healthy_base(agents=4, rounds=3)  # every agent started, or a run.json from before the counts
+    for extra in ({"agents_started": 4, "agents_due_unstarted": 0}, {}):
+        run.meta.update(extra)
+        assert diagnose(run.data())["kind"] == "healthy"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -217,6 +219,25 @@ def test_every_packaged_scenario_loads_and_says_what_it_shows():
         # shards and workers get the scenario as run.json holds it: it must come back the same
         d = sc.to_dict()
         assert parse_scenario({k: v for k, v in d.items() if k != "source"}, sc.source) == sc, n
+
+
+def test_a_router_soak_describes_the_router_it_starts():
+    """A scenario that starts a router names that router in its description, and no other (the
+    vllm-router soak's said it ran "through smg")."""
+    routers = {"smg", "vllm-router"}
+    seen = 0
+    for n in packaged_scenarios():
+        sc = load_scenario(n)
+        if not sc.router.command:
+            continue
+        binary = sc.router.command.split()[0]
+        if binary not in routers:
+            continue
+        seen += 1
+        words = set(re.findall(r"[\w-]+", sc.description))
+        assert binary in words, (n, binary)
+        assert not (routers - {binary}) & words, (n, sc.description)
+    assert seen >= 2
 
 
 def test_fingerprint_ignores_client_but_not_workload():

@@ -12,7 +12,8 @@ from typing import Any
 
 from agentload.analysis.passes import one_pass
 from agentload.analysis.router import RouterPass
-from agentload.analysis.verdict import FactsAccumulator, agent_outcomes, diagnose, failed_reuses, is_server_error
+from agentload.analysis.verdict import (FactsAccumulator, agent_outcomes, diagnose, failed_reuses, is_server_error,
+                                        unstarted_agents, unstarted_line)
 from agentload.records import Record
 from agentload.records.rundir import RunData
 from agentload.analysis.stats import RoundStats, SparseHistogram, fmt_dur, percentiles_ms
@@ -140,6 +141,8 @@ def run_section(data: RunData, sp: SummaryPass) -> dict[str, Any]:
         "workers": m.get("workers", 1),
         # `agentload proxy`: upstream, where it listened, the session header (absent for a run)
         **({"proxy": m["proxy"]} if m.get("proxy") else {}),
+        "agents_started": m.get("agents_started"),  # of agents.count (None: a run.json from before it was counted)
+        "agents_due_unstarted": m.get("agents_due_unstarted"),
         "latency_from": ("intended start of each conversation's first request (open loop: a late start counts), "
                          "actual send of later rounds") if sc.get("agents", {}).get("arrival") == "open"
         else "actual send (closed loop: each agent waits for its answer)",
@@ -166,6 +169,9 @@ def warnings_for(data: RunData, sp: SummaryPass, verdict: dict[str, Any] | None 
                  f"no further round; {cut} request(s) still in flight at the end were recorded as cut_short")
     if data.torn_lines:
         w.append(f"{data.torn_lines} torn line(s) in records.jsonl were skipped (the run was killed mid-write)")
+    unstarted = unstarted_agents(m)
+    if unstarted is not None and not unstarted["due"]:  # (due ones: the verdict's client_saturated says it)
+        w.append(unstarted_line(unstarted))
     if getattr(data, "other_run_records", 0):
         w.append(f"{data.other_run_records} record(s) of other runs in this folder were skipped: this report "
                  f"covers run {m.get('run')} only (was the folder reused with --out?)")

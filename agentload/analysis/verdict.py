@@ -770,12 +770,27 @@ def rule_client_saturated(f: Facts) -> Finding | None:
 
     te = percentiles_ms(f.acc.timing, (50, 99))
     lagged, some = f.sample_digest.lagged, f.sample_digest.some_lag
+    unstarted = unstarted_agents(f.meta)
     if most(lagged):
         lag_line = f"event-loop lag at or above {SATURATION_LAG_MS:.0f} ms in {lagged} of "
     elif most(some) and te is not None and te[99] >= TIMING_SATURATED_MS:
         lagged, lag_line = some, f"event-loop lag at or above {SATURATION_SOME_LAG_MS:.0f} ms in {some} of "
+    elif unstarted is not None and unstarted["due"]:
+        lag_line = None
     else:
         return None
+    if unstarted is not None and unstarted["due"]:
+        # The load asked for was not applied: whatever the server did, it did it for fewer agents.
+        # agentload's side (it could not start them in time), so this kind, never healthy; no agent
+        # of the server's was stopped by it, so a server finding still leads when there is one.
+        fnd = Finding(Kind.CLIENT_SATURATED,
+                      f"agentload started only {unstarted['started']:,} of {unstarted['asked']:,} agents: "
+                      f"{unstarted['due']:,} were due before the run ended and never started, so the load asked "
+                      f"for was not applied; run fewer agents per process, use --workers, or a longer duration_s",
+                      agents_affected=unstarted["due"], evidence=[unstarted_line(unstarted)])
+        if lag_line:
+            fnd.evidence.append(lag_line + f"{f.n_samples} one-second samples; largest {f.max_lag:.0f} ms")
+        return fnd
     fnd = Finding(Kind.CLIENT_SATURATED,
                   f"agentload's own event loop lagged {f.max_lag:.0f} ms: its timings are not to be trusted; "
                   f"run fewer agents per process or use --workers",
@@ -786,6 +801,29 @@ def rule_client_saturated(f: Facts) -> Finding | None:
                             f"{_dur(te[99])} over {f.acc.timing.get_total_count()} requests (agentload's "
                             f"own lateness, and whatever sits between it and the server)")
     return fnd
+
+
+def unstarted_agents(meta: dict[str, Any]) -> dict[str, int] | None:
+    """Agents of agents.count that never started (run.json's counts; None: none, or a run.json from
+    before they were written): asked, started, due (due before the run ended), late (due after)."""
+    started = meta.get("agents_started")
+    asked = int(((meta.get("scenario") or {}).get("agents") or {}).get("count") or 0)
+    if type(started) is not int or not asked or started >= asked:
+        return None
+    due = min(int(meta.get("agents_due_unstarted") or 0), asked - started)
+    return {"asked": asked, "started": started, "due": due, "after_end": asked - started - due}
+
+
+def unstarted_line(u: dict[str, int]) -> str:
+    """One line on the agents that never started (a warning, and the finding's evidence)."""
+    parts = []
+    if u["due"]:
+        parts.append(f"{u['due']:,} were due before the run ended (agentload could not start them in time)")
+    if u["after_end"]:
+        parts.append(f"{u['after_end']:,} were due only after the run ended (agents.duration_s, the ramp "
+                     f"agents.start or the open-loop rate)")
+    return (f"{u['asked'] - u['started']:,} of {u['asked']:,} agents asked for never started: "
+            + "; ".join(parts))
 
 
 def _threshold_evidence(failed: list[Record], fine: SizeCounts, verb: str) -> tuple[str | None, int | None]:

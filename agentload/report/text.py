@@ -50,7 +50,10 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
         con.print(f"run {run['id']}  scenario {run['scenario']}  {run.get('duration_s')} s  {state}", markup=False)
         con.print(f"target {run['endpoint']}{' (embedded mock)' if run.get('embedded_mock') else ''}  "
                   f"model {run.get('model')}  api {run.get('api', 'chat')}", markup=False)
-    con.print(f"{'conversations' if proxy else 'agents'} {tot['agents']}  requests {tot['requests']}  completed {tot['completed']}  "
+    asked = int((run.get("agents") or {}).get("count") or 0)
+    started = run.get("agents_started")
+    never = f" (started {started:,} of {asked:,} asked)" if type(started) is int and started < asked else ""
+    con.print(f"{'conversations' if proxy else 'agents'} {tot['agents']}{never}  requests {tot['requests']}  completed {tot['completed']}  "
               f"errors {tot['errors']}  stalled {tot['stalled']} (given up {tot.get('given_up', 0)})  "
               f"cut short {tot['cut_short']}  "
               f"rounds completed {tot['rounds_completed']}  canaries {tot['canaries_ok']}/{tot['canaries']} ok")

@@ -90,6 +90,11 @@ class RunContext:
     # --workers: this process runs the agents i with i % shard[1] == shard[0] (ids stay global)
     shard: tuple[int, int] = (0, 1)
     arrivals_t0: int | None = None  # a start time shared by all workers (perf_counter_ns), else now
+    # this process's share of agents.count, how many of them it started, and how many of those not
+    # started were due before the arrivals stopped (the rest were due after the run ended): run.json
+    agents_asked: int = 0
+    agents_started: int = 0
+    agents_due_unstarted: int = 0
     agents_idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while no agent task is live
     sleepers: set[asyncio.Future] = field(default_factory=set)  # agents in ctx.sleep(), woken by stop()
     stopped_by: str | None = None  # finished | duration | interrupted | crashed: what called stop() first

@@ -256,9 +256,55 @@ def _agent_done(ctx: RunContext, tasks: set[asyncio.Task], agent: int, t: asynci
 
 
 async def _arrivals(ctx: RunContext, tasks: set[asyncio.Task]) -> None:
+    """Start this process's agents on their schedule; however it ends (the run stopped first, a
+    cancel), count the agents that never started and were due by then (`_count_unstarted`)."""
+    a = ctx.scenario.agents
+    mine, workers = ctx.shard
+    ctx.agents_asked = len(range(mine, a.count, workers))
+    loop_start = ctx.arrivals_t0 or _now()
+    pos = [0, loop_start, False]  # the next agent to start, the last due time drawn (open loop), drawn for it?
+    rng = random.Random(a.seed)
+    try:
+        await _arrive(ctx, tasks, loop_start, pos, rng)
+    finally:
+        ctx.agents_due_unstarted = _count_unstarted(ctx, loop_start, pos, rng, _now())
+
+
+def _count_unstarted(ctx: RunContext, loop_start: int, pos: list, rng: random.Random, now: int) -> int:
+    """This process's agents, from `pos` on, that were due at `now` but never started. `pos`: the
+    next agent not started, its due time (open loop: the last drawn) and whether that was drawn."""
+    a = ctx.scenario.agents
+    mine, workers = ctx.shard
+    i, due, drawn = pos
+    if i >= a.count:
+        return 0
+    if a.arrival == "closed":
+        ramp = 0.0 if a.start == "all" else float(a.start)
+        last = a.count - 1
+        if ramp > 0 and a.count > 1:  # agent j is due at loop_start + ramp * j / (n - 1)
+            last = min(last, (now - loop_start) * (a.count - 1) // int(ramp * 1e9))
+        return len(range(i + (mine - i) % workers, last + 1, workers)) if last >= i else 0
+    n = 0  # open loop: the rest of the schedule, drawn as the arrivals would have, up to now
+    plans = ctx.replay_plans
+    while i < a.count:
+        if not drawn:
+            at = arrival_of(plans, i) if plans else None
+            if at is not None:  # a replayed trace's own arrival time
+                due = loop_start + int(at / ctx.scenario.replay.speed * 1e9)
+            else:
+                due += int((rng.expovariate(a.rate_per_s) if a.rate_dist == "poisson" else 1.0 / a.rate_per_s) * 1e9)
+        if due > now:
+            break
+        n += i % workers == mine
+        i += 1
+        drawn = False
+    return n
+
+
+async def _arrive(ctx: RunContext, tasks: set[asyncio.Task], loop_start: int, pos: list,
+                  rng: random.Random) -> None:
     sc = ctx.scenario
     a = sc.agents
-    loop_start = ctx.arrivals_t0 or _now()
     mine, workers = ctx.shard
     # Agents started since the loop last ran: at most ARRIVAL_SLICE, then yield, so the new agents'
     # first steps (building a conversation, asking the pool) and every socket event in between run
@@ -269,6 +315,7 @@ async def _arrivals(ctx: RunContext, tasks: set[asyncio.Task]) -> None:
         n = a.count
         ramp = 0.0 if a.start == "all" else float(a.start)
         for i in range(n):
+            pos[0] = i
             if ctx.stopping:
                 return
             if i % workers != mine:  # another worker process's agent
@@ -287,10 +334,13 @@ async def _arrivals(ctx: RunContext, tasks: set[asyncio.Task]) -> None:
                 if ctx.stopping:
                     return
             _track(ctx, tasks, asyncio.create_task(run_agent(ctx, i), name=f"agent-{i}"))
+            pos[0] = i + 1
+            ctx.agents_started += 1
             started += 1
             own += 1
             if own % FREEZE_EVERY_AGENTS == 0:
                 gc.freeze()
+        pos[0] = n
         if own >= FREEZE_EVERY_AGENTS:  # the last slice's agents, once their first step has run
             await asyncio.sleep(0)
             gc.freeze()
@@ -298,9 +348,9 @@ async def _arrivals(ctx: RunContext, tasks: set[asyncio.Task]) -> None:
         return
     # Open loop: new conversations start at a rate, whatever the server does; each first
     # request carries the time it should have started, so latency counts the lateness too.
-    rng = random.Random(a.seed)
     due = loop_start
     for i in range(a.count):
+        pos[0], pos[1], pos[2] = i, due, False
         if ctx.stopping:
             return
         at = arrival_of(ctx.replay_plans, i) if ctx.replay_plans else None
@@ -309,6 +359,7 @@ async def _arrivals(ctx: RunContext, tasks: set[asyncio.Task]) -> None:
         else:
             gap = (rng.expovariate(a.rate_per_s) if a.rate_dist == "poisson" else 1.0 / a.rate_per_s)
             due += int(gap * 1e9)
+        pos[1], pos[2] = due, True
         if i % workers != mine:  # every worker draws the whole schedule, and starts its own agents
             continue
         # a loop timer may fire up to its clock resolution early: never start before the intended time
@@ -323,7 +374,10 @@ async def _arrivals(ctx: RunContext, tasks: set[asyncio.Task]) -> None:
             if ctx.stopping:
                 return
         _track(ctx, tasks, asyncio.create_task(run_agent(ctx, i, intended_start=due), name=f"agent-{i}"))
+        pos[0], pos[2] = i + 1, False
+        ctx.agents_started += 1
         started += 1
+    pos[0] = a.count
 
 
 async def _supervise(ctx: RunContext, name: str, job: Callable[[], Awaitable[Any]],
@@ -589,6 +643,9 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
                      # request bodies kept compressed while they waited for the pool (client.park_queued_bodies_mb)
                      "parked_bodies": ctx.transport.queued_bodies.parked,
                      "gated_requests": ctx.transport.gated_requests(),
+                     # agents.count's share of this process, those started, those due and never started
+                     "agents_asked": ctx.agents_asked, "agents_started": ctx.agents_started,
+                     "agents_due_unstarted": ctx.agents_due_unstarted,
                      "crashes": list(ctx.crashes), "crash_count": ctx.crash_count})
         _write_json(out_dir / f"run{sfx}.json", meta)
         gc_restore()
