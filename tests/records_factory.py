@@ -61,7 +61,8 @@ class RunBuilder:
             tool_calls: int | None = None, proxied: bool = False, token_chunks: int | None = None,
             token_reads: int = 0, server: str | None = None, max_gap_ms: float = 0.0,
             sent_ms: float = 0.1, protocol: list[str] | None = None,
-            tool_call_problems: list[str] | None = None, traceparent: str | None = None) -> Record:
+            tool_call_problems: list[str] | None = None, traceparent: str | None = None,
+            retry_after_s: float | None = None) -> Record:
         """One request whose phases last as given; a None phase (and every one after it) never happened.
         `at_ms`: its start (ms on the records' clock, t0 = 0), else right after the previous one.
         `held_ms`: a request that did not complete ends this long after its last stamp (a hang: the
@@ -104,6 +105,8 @@ class RunBuilder:
             token_chunks = 4 if "first_token" in t else 0
         if protocol is not None or tool_call_problems is not None:
             extra.update(protocol=protocol, tool_call_problems=tool_call_problems)
+        if retry_after_s is not None:
+            extra["retry_after_s"] = retry_after_s
         rec = Record(v=RECORD_VERSION, run="synthetic", kind=kind, agent=agent, round=rnd, call=call,
                      request_id=f"synthetic-a{agent}-k{conversation}-r{rnd}-c{call}" if conversation else
                      f"synthetic-a{agent}-r{rnd}-c{call}", messages=2 * rnd, prompt_bytes=400 * rnd,

@@ -1379,3 +1379,40 @@ def test_agents_scheduled_after_the_end_are_a_warning_not_a_finding(tmp_path):
     for extra in ({"agents_started": 4, "agents_due_unstarted": 0}, {}):
         run.meta.update(extra)
         assert diagnose(run.data())["kind"] == "healthy"
+
+
+def _limited_run(retried_ok: bool) -> RunBuilder:
+    run = RunBuilder(agents=2, rounds=2)
+    run.meta["scenario"]["agents"].update(rate_limit_retries=1, retry_after_max_s=30.0)
+    run.ok(0, 1)
+    run.ok(1, 1)
+    run.error(0, 2, "http_429", retry_after_s=2.0, error_msg='{"error": "Rate limit reached"}')
+    if retried_ok:
+        run.ok(0, 2, call=1)
+    else:
+        run.error(0, 2, "http_429", call=1, retry_after_s=60.0)
+    run.ok(1, 2)
+    return run
+
+
+def test_a_429_is_rate_limited_never_server_errors_and_says_whether_retries_worked():
+    v = diagnose(_limited_run(True).data())
+    assert v["kind"] == "rate_limited" and not v["secondary"], v
+    assert "1 of 5 requests answered HTTP 429, first in round 2" in v["summary"], v["summary"]
+    assert "Retry-After asked for 2 s" in v["summary"] and "every rate-limited round completed" in v["summary"]
+    assert v["agents_stopped"] == 0
+    v = diagnose(_limited_run(False).data())
+    assert v["kind"] == "rate_limited" and v["agents_stopped"] == 1, v
+    assert "Retry-After asked for 2-60 s" in v["summary"] and "0 of 1 rate-limited rounds completed" in v["summary"]
+    ev = " | ".join(v["evidence"])
+    assert "the server asked for up to 60 s" in ev and "rate_limit_retries = 1" in ev, ev
+    assert "(rate_limit_retries exhausted)" in ev
+
+
+def test_a_500_next_to_a_429_is_still_server_errors_and_the_one_that_stopped_more_leads():
+    run = _limited_run(True)
+    run.error(1, 1, "http_500", call=1)  # retried and the agent went on: neither stopped an agent
+    assert kinds(run) == ["rate_limited", "server_errors"]
+    run = _limited_run(True)
+    run.error(1, 3, "http_500")  # agent 1's last request: it stopped there
+    assert kinds(run) == ["server_errors", "rate_limited"]

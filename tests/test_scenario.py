@@ -109,7 +109,8 @@ def test_missing_file_and_bad_override(tmp_path):
     # one mechanism (agentload.validate) for the scenario and the mock: the same words for the same rule
     ("[agents]\nstart = -1\n", "agents.start: expected 'all' or a ramp length in seconds (a number >= 0), got -1"),
     ("[agents]\ncuont = 3\n", "agents.cuont: unknown key (did you mean count?); expected one of: count, rounds, "
-                              "start, seed, duration_s, arrival, rate_per_s, rate_dist, error_retries, restart"),
+                              "start, seed, duration_s, arrival, rate_per_s, rate_dist, error_retries, "
+                              "rate_limit_retries, retry_after_max_s, restart"),
     ("[stall]\nafter_s = 0\n", "stall.after_s: expected a number > 0 (0 would count every request as stalled), got 0"),
     ("[stall]\nafter_s = 10\ngive_up_s = 5\n", "stall.give_up_s: expected a number >= stall.after_s (10), got 5"),
     ("[conversation]\nuser_tokens = { dist = \"uniform\", min = 3 }\n",

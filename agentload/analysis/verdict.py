@@ -58,6 +58,7 @@ class Kind(str, Enum):
     CLIENT_POOL = "client_pool"  # time lost waiting for a connection from the client's pool
     CONNECT = "connect"  # connections could not be opened
     DISCONNECTS = "disconnects"  # the other side closed connections, mid-answer or stale keep-alive
+    RATE_LIMITED = "rate_limited"  # HTTP 429: the server (or a gateway) limited the request rate
     SERVER_ERRORS = "server_errors"  # HTTP errors or in-band error events
     BAD_RESPONSES = "bad_responses"  # answers agentload could not read as the protocol says
     PROTOCOL = "protocol"  # answers read, but the stream broke the protocol around [DONE]
@@ -262,6 +263,9 @@ class FactsAccumulator:
         self.protocol = CodeTally()  # agent records with `protocol` notes (events after [DONE], ...)
         self.truncated = CodeTally()  # agent records with tool-call problems, one of them `truncated`
         self.malformed = CodeTally()  # ... and the others
+        # (agent, conversation, round) of completed retries (call > 0): did a round that failed end well?
+        # At most one per failed request, so bounded by the troubled records.
+        self.retried_ok: set[tuple[int, int, int]] = set()
         self._closed = False
 
     def add(self, r: Record) -> None:
@@ -306,6 +310,8 @@ class FactsAccumulator:
         ok = r.outcome == "ok"
         if ok:
             st.completed(r.round, bool(r.stalled_phase))
+            if r.call:
+                self.retried_ok.add((r.agent, r.conversation, r.round))
         order = (r.round, r.call, key)
         if order >= st.last_order:
             down = t.get("down_start")
@@ -1620,9 +1626,47 @@ def _which_layer(f: Facts, errs: list[Record]) -> str | None:
     return None
 
 
+def rule_rate_limited(f: Facts) -> Finding | None:
+    """HTTP 429s: the server or a gateway in front limited the rate. How many, in which rounds, what
+    Retry-After asked for, and whether the retries (after that wait) got answers."""
+    errs = [r for r in f.errors_apart if r.status == 429]
+    if not errs:
+        return None
+    a = f.scenario.get("agents") or {}
+    budget, cap = a.get("rate_limit_retries"), a.get("retry_after_max_s")
+    rounds = {(r.agent, r.conversation, r.round) for r in errs}
+    worked = len(rounds & f.acc.retried_ok)
+    stopped = f.stopped_by(lambda r: r.status == 429)
+    asked = sorted(r.retry_after_s for r in errs if r.retry_after_s is not None)
+    if asked:
+        said = (f"Retry-After asked for {asked[0]:g} s" if asked[0] == asked[-1]
+                else f"Retry-After asked for {asked[0]:g}-{asked[-1]:g} s")
+        if len(asked) < len(errs):
+            said += f" ({len(errs) - len(asked)} without one)"
+    else:
+        said = "no Retry-After header"
+    if worked == len(rounds):
+        outcome = f"every rate-limited round completed after its retries ({worked})"
+    else:
+        outcome = f"{worked} of {len(rounds)} rate-limited rounds completed after retrying, {len(stopped)} agent(s) stopped"
+    fnd = _error_finding(f, Kind.RATE_LIMITED, errs,
+                         f"rate limited: {len(errs)} of {f.requests} requests answered HTTP 429, first in round "
+                         f"{min(r.round for r in errs)}; {said}; {outcome}", "ttfb")
+    fnd.evidence[0] = fnd.evidence[0].replace("(error_retries exhausted)", "(rate_limit_retries exhausted)")
+    wait = (f"agentload waited what Retry-After asked, at most agents.retry_after_max_s = {cap:g} s"
+            if isinstance(cap, (int, float)) else "agentload waited what Retry-After asked")
+    if asked and isinstance(cap, (int, float)) and asked[-1] > cap:
+        wait += f" (the server asked for up to {asked[-1]:g} s: raise retry_after_max_s to honour it)"
+    fnd.evidence.append(f"retries: {wait}; each 429 retried up to agents.rate_limit_retries = {budget} time(s)")
+    fnd.evidence.append(f"sample message: {errs[0].error_msg or '(empty body)'}")
+    fnd.evidence.extend(router_evidence(f.data, errs, "error"))
+    return fnd
+
+
 def rule_server_errors(f: Facts) -> Finding | None:
     explained = f.explained()
-    errs = [r for r in f.errors_apart if is_server_error(r.error) and id(r) not in explained]
+    errs = [r for r in f.errors_apart if is_server_error(r.error) and id(r) not in explained
+            and r.status != 429]  # (429s: rule_rate_limited)
     if not errs:
         return None
     by_round = Counter(r.round for r in errs)
@@ -2085,6 +2129,7 @@ RULES: list[Callable[[Facts], Finding | None]] = [
     rule_proxy_timeout,
     rule_concurrency_limit,
     rule_disconnects,
+    rule_rate_limited,
     rule_server_errors,
     rule_bad_responses,
     rule_protocol,

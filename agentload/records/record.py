@@ -191,6 +191,9 @@ class Record:
     # where a tool call was expected), `bad_arguments`, `no_id`, `no_name`, `ids_on_one_index`. In
     # mode model the agent's conversation ends on any but a lone `truncated` (agent.py). None: none.
     tool_call_problems: list[str] | None = None
+    # The wait an HTTP error's `Retry-After` asked for, in seconds (an HTTP date counted from the
+    # response's `Date`); None: the answer had none.
+    retry_after_s: float | None = None
 
     @classmethod
     def from_trace(cls, run: str, tr: Trace, *, outcome: str, status: int | None = None,
@@ -198,7 +201,8 @@ class Record:
                    server_prompt_tokens: int | None = None, output_tokens: int | None = None,
                    finish_reason: str | None = None, tool_calls: int = 0, backend: str | None = None,
                    cached_tokens: int | None = None, protocol: list[str] | None = None,
-                   tool_call_problems: list[str] | None = None) -> "Record":
+                   tool_call_problems: list[str] | None = None,
+                   retry_after_s: float | None = None) -> "Record":
         build = _build if cls is Record else cls  # (a subclass: its own __init__)
         return build(RECORD_VERSION, run, tr.kind, tr.agent, tr.round, tr.call, tr.request_id,
                      tr.messages, tr.prompt_bytes, tr.prompt_tokens, server_prompt_tokens,
@@ -206,7 +210,8 @@ class Record:
                      finish_reason, tool_calls, tr.chunks, tr.token_chunks, tr.comments,
                      tr.max_gap, tr.max_gap_at, dict(tr.t), tr.server_first_token_ns, tr.bad_events,
                      tr.id_sent, backend, cached_tokens, tr.conversation, None, tr.idle_ns, tr.first_output,
-                     tr.token_reads, tr.server, tr.group, tr.traceparent, protocol, tool_call_problems)
+                     tr.token_reads, tr.server, tr.group, tr.traceparent, protocol, tool_call_problems,
+                     retry_after_s)
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
@@ -244,7 +249,7 @@ _build = _builder()
 _OPTIONAL = frozenset({"server_first_token_ns", "bad_events", "id_sent", "backend", "cached_tokens",
                        "conversation", "shard", "idle_ns", "first_output", "token_reads", "server",
                        "group", "traceparent", "protocol",
-                       "tool_call_problems"})
+                       "tool_call_problems", "retry_after_s"})
 
 
 class RecordWriter:

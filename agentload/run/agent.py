@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 _now = time.perf_counter_ns
 _current_task = asyncio.current_task
 
-RETRY_AFTER_CAP_S = 5.0
 # How long past a stream's [DONE] its body's end is waited for (the end of the chunked body usually
 # comes in the same read or the next); a body still open then is ended and its connection closed
 # (`request.SSEBody`). At most half of stall.after_s, so a held-open body is never a stall.
@@ -81,6 +80,7 @@ def _record(ctx: "RunContext", trace: Trace, result: Result) -> Record:
         protocol=result.protocol,
         tool_call_problems=(cs.tool_call_problems(conv.tool_call_asked(), conv.max_tokens)
                             if cs is not None and trace.kind == "agent" and result.error is None else None),
+        retry_after_s=result.retry_after_s,
     )
 
 
@@ -267,6 +267,7 @@ async def _conversation(ctx: "RunContext", st: AgentState, conv: Conversation, s
         st.round = rnd
         call = 0
         errors = 0
+        limited = 0  # HTTP 429s in this round
         while True:
             body = ConversationBody(conv)  # the bytes stay with the conversation: parked there while queued
             rid = f"{ctx.run_id}-a{agent}-k{k}-r{rnd}-c{call}" if k else f"{ctx.run_id}-a{agent}-r{rnd}-c{call}"
@@ -292,14 +293,19 @@ async def _conversation(ctx: "RunContext", st: AgentState, conv: Conversation, s
                     break
                 st.state = "stalled"
                 return st.state
-            errors += 1
-            if errors > sc.agents.error_retries or overflow(rec.status, rec.error_msg) is not None:
+            if rec.status == 429:  # rate limited: its own budget, the wait its Retry-After asks for
+                limited += 1
+                n, budget = limited, sc.agents.rate_limit_retries
+            else:
+                errors += 1
+                n, budget = errors, sc.agents.error_retries
+            if n > budget or overflow(rec.status, rec.error_msg) is not None:
                 # (a prompt over the server's context never fits: the same request again cannot succeed)
                 st.state = "error"
                 return st.state
             call += 1
-            wait = min(res.retry_after_s if (res and res.retry_after_s) else 0.2 * errors, RETRY_AFTER_CAP_S)
-            await ctx.sleep(wait)
+            asked = res.retry_after_s if res is not None else None
+            await ctx.sleep(min(asked if asked is not None else 0.2 * n, sc.agents.retry_after_max_s))
             if ctx.stopping:
                 st.state = "cut_short"
                 return st.state

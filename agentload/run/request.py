@@ -39,6 +39,7 @@ otherwise ok. `first_token` is stamped only when a token arrived.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import re
 import time
 import uuid
@@ -328,12 +329,38 @@ def protocol_notes(cs: ChatStream, held_open: bool, grace_s: float) -> list[str]
     return out
 
 
-def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
-    v = resp.headers.get("Retry-After")
-    try:
-        return float(v) if v is not None else None
-    except ValueError:
+def retry_after_s(value: str | None, date: str | None = None, now: float | None = None) -> float | None:
+    """The wait a `Retry-After` header asks for, in seconds (>= 0): a number of seconds, or an HTTP
+    date, counted from the response's own `Date` header when it has one (the server's clock), else
+    from `now` (time.time()). None: no header, or one that is neither."""
+    if value is None:
         return None
+    v = value.strip()
+    try:
+        x = float(v)
+        return x if x >= 0 and x == x and x != float("inf") else None
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(v)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    base = None
+    if date:
+        try:
+            base = email.utils.parsedate_to_datetime(date).timestamp()
+        except (TypeError, ValueError, IndexError, AttributeError):
+            base = None
+    if base is None:
+        base = time.time() if now is None else now
+    return max(0.0, when.timestamp() - base)
+
+
+def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
+    h = resp.headers
+    return retry_after_s(h.get("Retry-After"), h.get("Date"))
 
 
 class SSEBody:

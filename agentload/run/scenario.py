@@ -292,7 +292,13 @@ class AgentsConfig:
     arrival: Literal["closed", "open"] = "closed"
     rate_per_s: float = setting(1.0, Number(0, above=True))  # open loop: new conversations per second
     rate_dist: Literal["constant", "poisson"] = "poisson"
-    error_retries: int = 3  # an HTTP or connection error is retried this often (Retry-After honoured), then the agent stops
+    error_retries: int = setting(3, Whole(0))  # an HTTP or connection error (not a 429) is retried this often, then the agent stops
+    # an HTTP 429 (rate limited) is retried this often, after the wait its Retry-After asks for
+    # (seconds or an HTTP date), then the agent stops
+    rate_limit_retries: int = setting(3, Whole(0))
+    # the longest wait before a retry: a Retry-After asking for more is waited this long (and said so);
+    # without Retry-After, 0.2 s times the retry's number
+    retry_after_max_s: float = setting(30.0, Number(0, above=True, why="every wait is bounded"))
     # closed loop: an agent that finished its conversation starts a new one (round 1 again) until
     # duration_s, so a soak of hours keeps its prompt sizes instead of growing them all run long
     restart: bool = False
