@@ -59,12 +59,14 @@ DONE = "data: [DONE]\n\n"
 
 
 class FakeServer:
-    def __init__(self, handler: Handler, path: str = "/v1/chat/completions", gets: dict[str, Handler] | None = None):
+    def __init__(self, handler: Handler, path: str = "/v1/chat/completions", gets: dict[str, Handler] | None = None,
+                 ssl_context=None):
         self.handler = handler
         self.path = path
         self.gets = dict(gets or {})  # more GET routes (path -> handler), e.g. llama.cpp's /props
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.ssl_context = ssl_context  # an ssl.SSLContext: the server speaks TLS (https://)
+        self.url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{self.port}/v1"
         self.requests: list[dict] = []
         self.headers: list[dict[str, str]] = []
         self.paths: list[str] = []  # path and query string of each request, in order
@@ -93,7 +95,7 @@ class FakeServer:
             app.router.add_get(path, h)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", self.port)
+        site = web.TCPSite(runner, "127.0.0.1", self.port, ssl_context=self.ssl_context)
         await site.start()
         self._stop = asyncio.Event()
         self._ready.set()

@@ -1416,3 +1416,19 @@ def test_a_500_next_to_a_429_is_still_server_errors_and_the_one_that_stopped_mor
     run = _limited_run(True)
     run.error(1, 3, "http_500")  # agent 1's last request: it stopped there
     assert kinds(run) == ["server_errors", "rate_limited"]
+
+
+def test_a_refused_certificate_is_connect_with_the_problem_and_what_to_do():
+    run = healthy_base(agents=2, rounds=2)
+    for a in (0, 1):
+        run.error(a, 3, "tls_certificate", status=None, ttfb_ms=None,
+                  error_msg="TLS certificate of 127.0.0.1:8443 not accepted: certificate has expired")
+    v = diagnose(run.data())
+    assert v["kind"] == "connect" and "tls_certificate x2" in v["summary"], v
+    assert any(e.startswith("certificate problem (2 request(s)): certificate has expired: the certificate is outside")
+               for e in v["evidence"]), v["evidence"]
+    run = healthy_base(agents=1, rounds=1)
+    run.error(0, 2, "tls_handshake", status=None, ttfb_ms=None, error_msg="TLS handshake with h:1 failed: x")
+    v = diagnose(run.data())
+    assert v["kind"] == "connect" and any("does the endpoint speak TLS" in e for e in v["evidence"]), v
+    assert not any(e.startswith("certificate problem") for e in v["evidence"])

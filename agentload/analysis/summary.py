@@ -128,6 +128,7 @@ def run_section(data: RunData, sp: SummaryPass) -> dict[str, Any]:
         "fingerprint": m.get("fingerprint"),
         "endpoint": m.get("endpoint"),
         "embedded_mock": m.get("embedded_mock", False),
+        "tls": tls_settings(sc),
         "model": sc.get("target", {}).get("model"),
         "api": m.get("api") or sc.get("target", {}).get("api") or "chat",
         "started_unix": m.get("t0_unix"),
@@ -150,6 +151,24 @@ def run_section(data: RunData, sp: SummaryPass) -> dict[str, Any]:
     }
 
 
+def tls_settings(sc: dict[str, Any]) -> dict[str, Any] | None:
+    """How an https endpoint's certificate was checked (None: not https): `verify` false when it was
+    not checked at all (`tls_verify = false`), `ca_file` when a bundle of the scenario's was used."""
+    t = sc.get("target") or {}
+    if not str(t.get("endpoint") or "").lower().startswith("https://"):
+        return None
+    return {"verify": t.get("tls_verify", True) is not False, "ca_file": t.get("tls_ca_file")}
+
+
+def tls_note(tls: dict[str, Any] | None) -> str:
+    """What the reports say next to the target about its certificate ("" for http or the default)."""
+    if not tls:
+        return ""
+    if not tls["verify"]:
+        return "TLS certificate NOT verified (tls_verify = false)"
+    return f"TLS certificate verified against {tls['ca_file']}" if tls.get("ca_file") else ""
+
+
 def _start_lateness(sp: SummaryPass) -> dict[str, float] | None:
     """Open loop: how late first requests went out against their intended start (ms)."""
     if not sp.late_n:
@@ -169,6 +188,10 @@ def warnings_for(data: RunData, sp: SummaryPass, verdict: dict[str, Any] | None 
                  f"no further round; {cut} request(s) still in flight at the end were recorded as cut_short")
     if data.torn_lines:
         w.append(f"{data.torn_lines} torn line(s) in records.jsonl were skipped (the run was killed mid-write)")
+    tls = tls_settings(m.get("scenario") or {})
+    if tls and not tls["verify"]:
+        w.append("the endpoint's TLS certificate was not verified (tls_verify = false): anything could have "
+                 "answered on its behalf")
     unstarted = unstarted_agents(m)
     if unstarted is not None and not unstarted["due"]:  # (due ones: the verdict's client_saturated says it)
         w.append(unstarted_line(unstarted))

@@ -103,12 +103,23 @@ POOL_BEYOND_HELD = 2.0
 
 DISCONNECT_ERRORS = {"ServerDisconnectedError", "ClientOSError", "ClientPayloadError",
                      "ClientConnectionResetError", "incomplete_stream", "ConnectionResetError"}
-CONNECT_ERRORS = {"connect_timeout", "ClientConnectorError", "ClientConnectorDNSError", "ConnectionRefusedError"}
+CONNECT_ERRORS = {"connect_timeout", "ClientConnectorError", "ClientConnectorDNSError", "ConnectionRefusedError",
+                  "tls_certificate", "tls_handshake"}
 # a request that ran out of time on agentload's side (aiohttp's total or read timeout)
 TIMEOUT_ERRORS = {"total_timeout", "read_timeout", "ServerTimeoutError"}
 # canaries timed out "behind the same slowness" as the agents when, at the agents' own pace, a
 # canary's answer takes at least this share of canary.timeout_s
 SLOW_CANARY_SHARE = 0.5
+# what a refused certificate's verify message means, and what to do about it
+_CERT_HINTS = (
+    (("unable to get local issuer", "self-signed", "self signed", "unable to verify the first"),
+     "the certificate is signed by a CA agentload does not trust: give that CA's bundle with [target] tls_ca_file "
+     "(or SSL_CERT_FILE), or tls_verify = false to skip verifying it"),
+    (("mismatch", "not valid for"),
+     "the certificate does not name the endpoint's host: use a host name the certificate was issued for"),
+    (("expired", "not yet valid"),
+     "the certificate is outside its validity dates: renew it (or check this machine's clock)"),
+)
 # answers that came back but were not what the protocol says (see agentload.run.request)
 PROTOCOL_ERRORS = {"not_a_stream", "bad_response", "malformed_stream", "empty_stream", "no_finish_reason",
                    "bad_tool_call", "content_encoding"}
@@ -1448,6 +1459,13 @@ def rule_connect(f: Facts) -> Finding | None:
                          f"connections failed: {len(errs)} of {f.requests} requests could not connect "
                          f"({fmt_counts(Counter(r.error for r in errs))})", "connect")
     fnd.evidence.append(f"sample message: {errs[0].error_msg}")
+    certs = Counter((r.error_msg or "").rpartition(" not accepted: ")[2] for r in errs if r.error == "tls_certificate")
+    for why, n in certs.most_common(3):
+        hint = next((h for words, h in _CERT_HINTS if any(w in why.lower() for w in words)), None)
+        fnd.evidence.append(f"certificate problem ({n} request(s)): {why}" + (f": {hint}" if hint else ""))
+    if any(r.error == "tls_handshake" for r in errs):
+        fnd.evidence.append("the TLS handshake failed before any certificate was checked: does the endpoint speak "
+                            "TLS (https://) on that port, or plain http://?")
     return fnd
 
 

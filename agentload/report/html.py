@@ -28,6 +28,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from agentload.analysis.stats import band_ranges
+from agentload.analysis.summary import tls_note
 from agentload.redact import redact
 from agentload.report.text import fmt_ms
 from agentload.records import REPORT_PHASES, Record, phase_ns
@@ -430,6 +431,7 @@ def settings_html(data: RunData, summary: dict[str, Any]) -> str:
         "scenario": run.get("scenario"),
         "run id": run.get("id"),
         "target endpoint": run.get("endpoint") + (" (embedded mock)" if run.get("embedded_mock") else "")
+        + (f" ({tls_note(run.get('tls'))})" if tls_note(run.get("tls")) else "")
         if run.get("endpoint") else None,
         "model": tgt.get("model"),
         "api": run.get("api", "chat"),

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from agentload.records import REPORT_PHASES
 from agentload.analysis.stats import fmt_dur as _dur, fmt_ms
+from agentload.analysis.summary import tls_note
 
 _PHASE_COLS = REPORT_PHASES
 
@@ -48,8 +49,10 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
                   + (f" (or header {proxy['session_header']})" if proxy.get("session_header") else ""), markup=False)
     else:
         con.print(f"run {run['id']}  scenario {run['scenario']}  {run.get('duration_s')} s  {state}", markup=False)
-        con.print(f"target {run['endpoint']}{' (embedded mock)' if run.get('embedded_mock') else ''}  "
-                  f"model {run.get('model')}  api {run.get('api', 'chat')}", markup=False)
+        tls = tls_note(run.get("tls"))
+        con.print(f"target {run['endpoint']}{' (embedded mock)' if run.get('embedded_mock') else ''}"
+                  f"{f' ({tls})' if tls else ''}  model {run.get('model')}  api {run.get('api', 'chat')}",
+                  markup=False, soft_wrap=True)
     asked = int((run.get("agents") or {}).get("count") or 0)
     started = run.get("agents_started")
     never = f" (started {started:,} of {asked:,} asked)" if type(started) is int and started < asked else ""

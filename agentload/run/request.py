@@ -746,6 +746,13 @@ async def _response(session: aiohttp.ClientSession, cm: Any, body: "bytes | Conv
 def classify_exception(e: BaseException) -> tuple[str, str]:
     """Error class and a one-line message for a failed request."""
     name = type(e).__name__
+    if isinstance(e, aiohttp.ClientConnectorCertificateError):  # the certificate was refused: say why
+        cert = e.certificate_error
+        why = getattr(cert, "verify_message", None) or getattr(cert, "reason", None) or str(cert)
+        return "tls_certificate", f"TLS certificate of {e.host}:{e.port} not accepted: {why}"[:_ERROR_BODY_LIMIT]
+    if isinstance(e, aiohttp.ClientConnectorSSLError):
+        return "tls_handshake", (f"TLS handshake with {e.host}:{e.port} failed: {e.os_error}"
+                                 .replace("\n", " ")[:_ERROR_BODY_LIMIT])
     if isinstance(e, aiohttp.ConnectionTimeoutError):  # a ServerTimeoutError subclass: test it first
         name = "connect_timeout"
     elif isinstance(e, aiohttp.ServerTimeoutError):

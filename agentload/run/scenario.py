@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import ssl
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -178,6 +179,25 @@ class _Url(Check):
         return url
 
 
+class _CaFile(Check):
+    """A CA bundle (PEM) an SSL context can load; stored as an absolute path (workers and shards read
+    the scenario back from run.json, maybe in another folder)."""
+
+    expected = "the path of a CA bundle file (PEM)"
+
+    def __call__(self, value: Any, at: At) -> str:
+        if not isinstance(value, str) or not value.strip():
+            at.fail(self.expected, value)
+        path = Path(value).expanduser()
+        if not path.is_file():
+            at.fail(f"{self.expected}; no such file", value)
+        try:
+            ssl.create_default_context(cafile=str(path))
+        except (OSError, ssl.SSLError, ValueError) as e:
+            at.fail(f"{self.expected} that loads ({getattr(e, 'reason', None) or e.__class__.__name__})", value)
+        return str(path.resolve())
+
+
 # Header names that carry credentials: refused as literal `headers` (the scenario is copied into
 # run.json and onto `--workers` command lines); `headers_env` takes them from the environment.
 _SECRET_HEADER_WORDS = ("auth", "key", "token", "secret", "password", "cookie")
@@ -260,11 +280,23 @@ class TargetConfig:
     # W3C trace context on every request (`traceparent`: a trace per conversation, a span per
     # request), so a router's and an engine's traces join agentload's records
     traceparent: bool = True
+    # https endpoints: a CA bundle (PEM) the certificate is verified against instead of the system's
+    # (SSL_CERT_FILE in the environment replaces the system's for every https client, agentload too)
+    tls_ca_file: Optional[str] = setting(None, Opt(_CaFile()))
+    # false: the endpoint's certificate is not verified at all (every report says so)
+    tls_verify: bool = True
 
     def _validate(self, at: At) -> None:
         problem = endpoint_problem(self.endpoint, self.api) if self.endpoint is not None else None
         if problem:
             (at / "endpoint").error(problem)
+        tls = "tls_ca_file" if self.tls_ca_file is not None else "tls_verify" if not self.tls_verify else None
+        if tls is not None and not (self.endpoint or "").lower().startswith("https://"):
+            (at / tls).error(f"expected an https:// endpoint for {at.key}.{tls}, got "
+                             f"{'the embedded mock (http://)' if self.endpoint is None else self.endpoint}")
+        if self.tls_ca_file is not None and not self.tls_verify:
+            (at / "tls_verify").error(f"expected tls_verify = true with {at.key}.tls_ca_file (a CA bundle verifies the "
+                                      f"certificate; tls_verify = false skips verifying it): leave one out")
         seen: dict[str, str] = {}
         if self.request_id_header:
             seen[self.request_id_header.lower()] = f"{at.key}.request_id_header"

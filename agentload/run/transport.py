@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import ssl
 import sys
 import time
 import weakref
@@ -455,12 +456,31 @@ def request_headers(target: TargetConfig) -> dict[str, str]:
     return h
 
 
+def tls_context(target: TargetConfig) -> ssl.SSLContext | bool:
+    """What the pools verify an https endpoint's certificate with: the scenario's CA bundle
+    (`tls_ca_file`), nothing (`tls_verify = false`), else aiohttp's default context (the system's
+    CAs; SSL_CERT_FILE / SSL_CERT_DIR in the environment replace them)."""
+    if not target.tls_verify:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+    if target.tls_ca_file:
+        try:
+            return ssl.create_default_context(cafile=target.tls_ca_file)
+        except (OSError, ssl.SSLError, ValueError) as e:
+            raise UserError(f"target.tls_ca_file: expected a CA bundle file (PEM) that loads, got "
+                            f"{target.tls_ca_file!r} ({getattr(e, 'reason', None) or e})")
+    return True
+
+
 class Transport:
     """Owns the client pool(s): one shared session, or one per agent."""
 
     def __init__(self, client: ClientConfig, target: TargetConfig, base_url: str):
         self.cfg = client
         self.url = api_url(base_url, target.api)
+        self.ssl = tls_context(target) if base_url.lower().startswith("https://") else True
         self.headers = request_headers(target)
         self._shared: aiohttp.ClientSession | None = None
         self._per_agent: dict[int, aiohttp.ClientSession] = {}
@@ -486,6 +506,7 @@ class Transport:
         self._count_open(_trace_of(ctx))
 
     def _connector(self, **kwargs: Any) -> aiohttp.TCPConnector:
+        kwargs["ssl"] = self.ssl
         if not self.traced_classes:
             return aiohttp.TCPConnector(**kwargs)
         connector = _TracedConnector(**kwargs)
