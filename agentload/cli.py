@@ -57,7 +57,7 @@ SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Overri
 @app.command()
 def run(
     scenario: Annotated[Optional[str], typer.Argument(help="Scenario TOML file or packaged name (default: demo)")] = None,
-    endpoint: Annotated[Optional[str], typer.Option(help="OpenAI-compatible base URL, e.g. http://127.0.0.1:30000/v1; default: start the embedded mock")] = None,
+    endpoint: Annotated[Optional[str], typer.Option(help="OpenAI-compatible base URL, e.g. http://127.0.0.1:30000/v1 (a query string is kept), or the API's full URL (.../chat/completions); default: start the embedded mock")] = None,
     model: Annotated[Optional[str], typer.Option(help="Model name to request")] = None,
     set_: SetOpt = None,
     out: Annotated[Optional[Path], typer.Option(help="Run folder (default: reports/<time>-<scenario>)")] = None,
