@@ -157,6 +157,15 @@ def test_merge_meta_reports_a_worker_that_failed():
     assert out["cut_short"] and not out["ended_normally"]
     assert "worker 1 did not end its run" in out["stop_reason"]
     assert out["records"] == 5
+    assert "agents_started" not in out  # worker 1's count is unknown: no count rather than a wrong one
+
+
+def test_merge_meta_sums_the_agents_each_worker_started():
+    counts = [dict(agents_asked=3, agents_started=3, agents_due_unstarted=0),
+              dict(agents_asked=2, agents_started=1, agents_due_unstarted=1)]
+    metas = [{"ended": True, "ended_normally": True, "cut_short": False, "records": 1, **c} for c in counts]
+    out = merge_meta({"run": "x"}, metas, [0, 0], interrupted=False)
+    assert (out["agents_asked"], out["agents_started"], out["agents_due_unstarted"]) == (5, 4, 1)
 
 
 def test_a_worker_sends_the_same_bytes_as_a_single_process(mock, two, tmp_path):

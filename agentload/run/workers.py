@@ -154,8 +154,9 @@ def merge_meta(meta: dict[str, Any], metas: list[dict[str, Any] | None], codes: 
         "t_end_ns": max([m.get("t_end_ns") or 0 for m in got] or [0]) or None,
         "t_end_unix": max([m.get("t_end_unix") or 0 for m in got] or [0]) or None,
         "records": sum(m.get("records") or 0 for m in got),
-        **{k: sum(m.get(k) or 0 for m in got) for k in ("agents_asked", "agents_started", "agents_due_unstarted")
-           if any(k in m for m in got)},
+        # (only when every worker said: a worker that left no run-wI.json started an unknown number)
+        **{k: sum(m[k] for m in got) for k in ("agents_asked", "agents_started", "agents_due_unstarted")
+           if len(got) == len(metas) and all(type(m.get(k)) is int for m in got)},
         "max_loop_lag_ms": max([m.get("max_loop_lag_ms") or 0.0 for m in got] or [0.0]),
         "workers": len(metas),
         "worker_runs": [{"worker": w, "pid": (m or {}).get("pid"), "exit": code, "records": (m or {}).get("records"),
