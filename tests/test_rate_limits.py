@@ -63,6 +63,10 @@ def test_429_with_retry_after_seconds_is_rate_limited_and_the_retries_worked(tmp
     assert meta["scenario"]["agents"]["retry_after_max_s"] == 30.0
     ev = " | ".join(v["evidence"])
     assert "agents.retry_after_max_s = 30 s" in ev and "agents.rate_limit_retries = 3" in ev, ev
+    text = (tmp_path / "secs" / "report.txt").read_text()
+    assert "retries: error_retries=3 rate_limit_retries=3 retry_after_max_s=30.0" in text
+    html = (tmp_path / "secs" / "report.html").read_text()
+    assert "rate_limit_retries" in html and "retry_after_max_s" in html
 
 
 def test_retry_after_as_an_http_date_is_honoured(tmp_path):

@@ -73,6 +73,10 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
     con.print(f"timeouts (s): pool={c.get('pool_timeout_s')} connect={c.get('connect_timeout_s')} "
               f"read={c.get('read_timeout_s')} total={c.get('total_timeout_s')}  "
               f"stall after={s.get('after_s')} give_up={s.get('give_up_s')} on_give_up={s.get('on_give_up')}")
+    a = run.get("agents") or {}
+    if "rate_limit_retries" in a:  # (a run.json from before these limits has none to print)
+        con.print(f"retries: error_retries={a.get('error_retries')} rate_limit_retries={a.get('rate_limit_retries')} "
+                  f"retry_after_max_s={a.get('retry_after_max_s')}", markup=False)
     for g, x in (summary.get("groups") or {}).items():  # [conversation] prefix_groups
         hit = "not reported" if x.get("cache_hit_rate") is None else f"{100 * x['cache_hit_rate']:.0f}%"
         ttft = "-" if x.get("ttft_p50_ms") is None else f"{x['ttft_p50_ms']:.1f} / {x['ttft_p99_ms']:.1f} ms"
