@@ -470,7 +470,7 @@ def tls_context(target: TargetConfig) -> ssl.SSLContext | bool:
             return ssl.create_default_context(cafile=target.tls_ca_file)
         except (OSError, ssl.SSLError, ValueError) as e:
             raise UserError(f"target.tls_ca_file: expected a CA bundle file (PEM) that loads, got "
-                            f"{target.tls_ca_file!r} ({getattr(e, 'reason', None) or e})")
+                            f"{target.tls_ca_file!r} ({getattr(e, 'reason', None) or e})") from None
     return True
 
 
