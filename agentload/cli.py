@@ -117,7 +117,7 @@ def run(
 @app.command()
 def proxy(
     upstream: Annotated[str, typer.Option("--upstream", help="The server the harness talks to, e.g. http://127.0.0.1:30000/v1")],
-    scenario: Annotated[Optional[str], typer.Argument(help="Scenario whose [client], [stall], [canary] settings apply (default: demo)")] = None,
+    scenario: Annotated[Optional[str], typer.Argument(help="Scenario whose \\[client], \\[stall], \\[canary] settings apply (default: demo)")] = None,
     port: Annotated[int, typer.Option(help="Port to listen on (0: a free one, printed)")] = 8080,
     host: Annotated[str, typer.Option(help="Address to listen on (loopback unless you say otherwise)")] = "127.0.0.1",
     out: Annotated[Optional[Path], typer.Option(help="Run folder (default: reports/<time>-proxy)")] = None,
