@@ -20,6 +20,9 @@ record also gets its prefill worker from the prefill workers' logs. The backend 
 before the pass into `LogIndex`: per line a 64-bit hash of the id, the backend and the arrival
 (20 bytes a line in numpy arrays, no Python object per line); the pass itself keeps counters,
 histograms, per-agent state (stickiness) and time cells, never a list of the records.
+
+Size: over 1,000 lines (fleet metadata, backend logs, the router pass, evidence); its split into
+a package, with the log reading moved into records/, is issue 28's next step.
 """
 
 from __future__ import annotations

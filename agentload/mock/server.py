@@ -66,6 +66,9 @@ the request carried, as a router passed it on: the second way to join a line to 
 
 Counters are served at GET /mock/stats (and zeroed by POST /mock/reset, which keeps the prefix
 cache's contents and the live fault) so tests can assert on what the server really did.
+
+Size: over 1,000 lines (prefix cache, answer planning, SSE framing, the serve path); splitting it
+by idea is issue 28's next step (the three APIs' shapes already live in mock/apis.py).
 """
 
 from __future__ import annotations
