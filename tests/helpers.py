@@ -23,3 +23,11 @@ def cli(*args: str, timeout: float = 120, cwd: Path | None = None, env: dict | N
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "agentload.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd or REPO, env=e)
+
+
+def hung_probes(records, hang_tokens: int) -> list:
+    """The stall probes (agentload.run.probes) that resent a body of at least `hang_tokens` and got no
+    answer: on a backend that hangs above that size, each is one more hung request there."""
+    from agentload.records import PROBE_KINDS
+
+    return [r for r in records if r.kind in PROBE_KINDS and r.outcome != "ok" and r.prompt_tokens >= hang_tokens]

@@ -32,7 +32,7 @@ from agentload.mock.process import MockProcess
 from agentload.records import load_records
 from agentload.records.target_metrics import load_target_metrics
 
-from helpers import run_scenario
+from helpers import run_scenario, hung_probes
 from smgproc import SmgProcess, smg_executable
 
 pytestmark = [
@@ -110,7 +110,8 @@ def test_long_context_hang_on_one_backend_through_smg(tmp_path, stack):
     assert all(a["stalled_round"] >= 4 for a in res.summary["agents"] if a["outcome"] == "stalled")
     # retries off: every stalled request was one attempt on the hung backend, none on the good one
     assert good.stats()["hung"] == 0
-    assert bad.stats()["hung"] == len(stalled)
+    # ... and the stall probes that resent a stalled body hung there too, where smg sent them there
+    assert bad.stats()["hung"] == len(stalled) + len(hung_probes(recs, HANG_TOKENS))
     # the router's own gauges name the worker the stalled requests sat on
     ev = "\n".join(v["evidence"])
     assert "smg_worker_requests_active = " in ev, ev
