@@ -113,7 +113,7 @@ def _context_headers(ctx: "RunContext", trace: Trace, headers: dict[str, str] | 
     win: its traceparent is what the servers log)."""
     target = ctx.scenario.target
     out = dict(headers) if headers else {}
-    own = {k.lower() for k in out}
+    own = {k.lower() for k in headers} if headers else ()  # (a run's agents: none, no set per request)
     if target.traceparent:
         if "traceparent" in own:
             trace.traceparent = next(v for k, v in out.items() if k.lower() == "traceparent")
