@@ -33,7 +33,7 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
                workers: int = 1, ray: str | None = None, shards: int | None = None,
                shard: tuple[int, int] | None = None) -> Launched:
     """Run `sc` into run_dir and write every report. With workers > 1 the agents run in that many
-    processes (agentload.run.workers), against one embedded mock shared by all of them. With `ray`
+    processes (agentload.cluster.processes), against one embedded mock shared by all of them. With `ray`
     (an address, "auto" or "local") the agents run in `shards` Ray actors (agentload.cluster.ray);
     with `shard` (I, N) only this process's share of the agents runs (`agentload merge` joins them)."""
     from agentload.run.live import LiveLine
@@ -79,7 +79,7 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
                               install_signals=install_signals, live=live, log=log, metrics_port=metrics_port,
                               cpus_per_shard=sc.cluster.cpus_per_shard)
         elif workers > 1:
-            from agentload.run.workers import run_workers
+            from agentload.cluster.processes import run_workers
 
             outcome = run_workers(sc, run_dir, base_url, workers, embedded_mock=mock is not None,
                                   exporter=None if metrics_port is None else _shards_exporter(metrics_port, log),

@@ -107,7 +107,7 @@ def run(url: str, concurrency: int, rounds: int, out: Path, extra: list[str], wo
     cpu0 = _usage()
     t0 = time.perf_counter()
     if workers > 1:
-        from agentload.run.workers import run_workers
+        from agentload.cluster.processes import run_workers
 
         run_workers(sc, out, url, workers, embedded_mock=False, install_signals=False)
         window = {"cpu0": cpu0, "t0": t0, "cpu1": _usage(), "t1": time.perf_counter()}  # (the whole run)

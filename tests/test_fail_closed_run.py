@@ -22,7 +22,7 @@ import agentload.run.runner as runner
 from agentload.records import load_records
 from agentload.report.build import write_reports
 from agentload.run.scenario import load_scenario
-from agentload.run.workers import merge_meta
+from agentload.cluster.shards import merge_meta
 
 from fakeserver import DONE, FakeServer, chunk, sse_response
 

@@ -23,7 +23,7 @@ from agentload.mock.process import MockProcess
 from agentload.records import load_records
 from agentload.records.rundir import load_run, merge_worker_samples, worker_files
 from agentload.analysis.stats import PhaseStats, by_round, summarize
-from agentload.run.workers import merge_meta, split
+from agentload.cluster.shards import merge_meta, split
 
 from helpers import REPO, run_scenario
 

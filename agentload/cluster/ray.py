@@ -16,7 +16,7 @@ process):
   its agents are cut short with the reason, and the run goes on;
 - Ctrl-C / SIGTERM stop every shard as a one-process run stops (no new rounds, in-flight requests
   get give_up_s), a second signal stops them now;
-- at the end merges the shards' run.json (`workers.merge_meta`, the same as `--workers`) and
+- at the end merges the shards' run.json (`shards.merge_meta`, the same as `--workers`) and
   states each shard's clock offset and its uncertainty in run.json `shards`.
 
 Ray is an optional extra (`pip install 'agentload[ray]'`), imported only here.
@@ -179,8 +179,8 @@ def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *,
     `on_shards(actors)` is called once they run (tests kill or freeze one through it)."""
     import ray
 
-    from agentload.run.runner import RunOutcome, _write_json, run_metadata
-    from agentload.run.workers import live_line, merge_meta, split
+    from agentload.cluster.shards import live_line, merge_meta, split
+    from agentload.run.runner import RunOutcome, run_metadata, write_run_json
 
     if shards < 1:
         raise UserError(f"--shards: expected a whole number >= 1, got {shards}")
@@ -190,7 +190,7 @@ def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *,
     per = [len(a) for a in split(sc.agents.count, shards)]
     meta.update(workers=shards, agents_per_worker=per, engine="ray",
                 ray={"address": address, "nodes": len([n for n in ray.nodes() if n.get("Alive")])})
-    _write_json(run_dir / "run.json", meta)
+    write_run_json(run_dir / "run.json", meta)
     Actor = ray.remote(ShardActor)
     actors = []
     for i in range(shards):
@@ -356,7 +356,7 @@ def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *,
                                                    "message": f"shard {i} ({per[i]} agents) lost: {r}",
                                                    "traceback": "", "worker": i})
             meta["crash_count"] = int(meta.get("crash_count") or 0) + 1
-    _write_json(run_dir / "run.json", meta)
+    write_run_json(run_dir / "run.json", meta)
     return RunOutcome(run_dir, run_id, bool(meta["cut_short"]), meta.get("stop_reason"), interrupts > 0,
                       meta["ended_by"])
 

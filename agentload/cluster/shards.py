@@ -178,6 +178,118 @@ def append(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
+# ---------------------------------------------------------------- the parts of one run
+
+
+def split(agents: int, workers: int) -> list[list[int]]:
+    """The deterministic split: worker w gets the agents i with i % workers == w."""
+    return [list(range(w, agents, workers)) for w in range(workers)]
+
+
+def last_line(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 65536))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            d = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(d, dict):
+            return d
+    return None
+
+
+def live_line(run_dir: Path, n: int, elapsed_s: float) -> str:
+    """One plain line from the workers' latest samples (the single-process live view needs the
+    in-process run state, which the parent does not have)."""
+    counts: dict[str, int] = {}
+    inflight: dict[str, int] = {}
+    stalled = 0
+    lag = 0.0
+    seen = 0
+    for w in range(n):
+        s = last_line(run_dir / f"samples-w{w}.jsonl")
+        if s is None:
+            continue
+        seen += 1
+        for k, v in (s.get("counts") or {}).items():
+            counts[k] = counts.get(k, 0) + int(v or 0)
+        for k, v in (s.get("inflight") or {}).items():
+            inflight[k] = inflight.get(k, 0) + int(v or 0)
+        stalled += int(s.get("stalled") or 0)
+        lag = max(lag, float(s.get("loop_lag_ms") or 0.0))
+    fl = ", ".join(f"{k} {v}" for k, v in inflight.items()) or "none"
+    return (f"agentload: {elapsed_s:5.0f}s  {seen}/{n} workers  requests {counts.get('requests', 0)}  "
+            f"ok {counts.get('ok', 0)}  errors {counts.get('error', 0)}  stalled {counts.get('stalled', 0) + stalled}  "
+            f"in flight: {fl}  loop lag max {lag:.0f} ms")
+
+
+def merge_meta(meta: dict[str, Any], metas: list[dict[str, Any] | None], codes: list[int | None],
+               interrupted: bool) -> dict[str, Any]:
+    """run.json of the whole run from the workers' run-wI.json."""
+    got = [m for m in metas if m is not None]
+    reasons = []
+    for w, (m, code) in enumerate(zip(metas, codes)):
+        if m is None or not m.get("ended"):
+            reasons.append(f"worker {w} did not end its run (exit status {code})")
+        elif code not in (0, None):
+            reasons.append(f"worker {w} exited with status {code}")
+    stop = next((m.get("stop_reason") for m in got if m.get("stop_reason") not in (None, "all agents finished")),
+                None) or (got[0].get("stop_reason") if got else None)
+    crashes: list[dict[str, Any]] = []
+    crash_count = 0
+    for w, (m, code) in enumerate(zip(metas, codes)):
+        for c in (m or {}).get("crashes") or []:
+            crashes.append({**c, "worker": w})
+        crash_count += int((m or {}).get("crash_count") or len((m or {}).get("crashes") or []))
+        if code is not None and code > 0:  # an exception ended the process (a signal's kill is negative)
+            crash_count += 1
+            crashes.append({"where": "worker", "agent": None, "round": None, "error": "WorkerExit",
+                            "message": f"worker {w} exited with status {code}"
+                                       + ("" if m is not None and m.get("ended") else " before its run ended"),
+                            "traceback": "", "worker": w})
+    by = [m.get("ended_by") for m in got]
+    if any(c["where"] == "worker" for c in crashes) or "crashed" in by:
+        ended_by = "crashed"
+    elif interrupted or reasons or "interrupted" in by:
+        ended_by = "interrupted"
+    elif "duration" in by:
+        ended_by = "duration"
+    else:
+        ended_by = "finished"
+    meta.update({
+        "ended": True,
+        "ended_normally": not interrupted and not reasons and all(m.get("ended_normally") for m in got),
+        "cut_short": interrupted or bool(reasons) or any(m.get("cut_short") for m in got),
+        "ended_by": ended_by,
+        "crashes": crashes,
+        "crash_count": crash_count,
+        "stop_reason": "; ".join(reasons + ([stop] if stop else [])) or None,
+        "t_end_ns": max([m.get("t_end_ns") or 0 for m in got] or [0]) or None,
+        "t_end_unix": max([m.get("t_end_unix") or 0 for m in got] or [0]) or None,
+        "records": sum(m.get("records") or 0 for m in got),
+        # (only when every worker said: a worker that left no run-wI.json started an unknown number)
+        **{k: sum(m[k] for m in got) for k in ("agents_asked", "agents_started", "agents_due_unstarted")
+           if len(got) == len(metas) and all(type(m.get(k)) is int for m in got)},
+        "max_loop_lag_ms": max([m.get("max_loop_lag_ms") or 0.0 for m in got] or [0.0]),
+        "workers": len(metas),
+        "worker_runs": [{"worker": w, "pid": (m or {}).get("pid"), "exit": code, "records": (m or {}).get("records"),
+                         "max_loop_lag_ms": (m or {}).get("max_loop_lag_ms"), "stop_reason": (m or {}).get("stop_reason")}
+                        for w, (m, code) in enumerate(zip(metas, codes))],
+    })
+    for key in ("intervals", "target_metrics", "server_props"):  # (server_props: worker 0 asks)
+        for m in got:
+            if key in m and key not in meta:
+                meta[key] = m[key]
+    return meta
+
+
 # ---------------------------------------------------------------- agentload merge
 
 
@@ -197,8 +309,6 @@ def merge_dirs(dirs: Iterable[Path], out: Path) -> dict[str, Any]:
     """Merge the run folders of `--shard I/N` runs into `out`: records and samples moved onto the
     first folder's clock by wall-clock anchors (records-wI.jsonl, samples-wI.jsonl), one run.json.
     Returns that run.json."""
-    from agentload.run.workers import merge_meta
-
     dirs = [Path(d) for d in dirs]
     if len(dirs) < 2:
         raise UserError("merge: expected two or more run folders")

@@ -142,7 +142,7 @@ def default_out_dir(sc: Scenario, base: Path = Path("reports"), name: str | None
     return base / f"{stamp}-{name}-{secrets.token_hex(2)}"
 
 
-def _write_json(path: Path, obj: Any) -> None:
+def write_run_json(path: Path, obj: Any) -> None:
     write_atomic(path, orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
 
 
@@ -418,7 +418,7 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
     (and target_metrics.jsonl with [target] metrics_urls, intervals.hlog always); with
     metrics_port, agentload's live state is served in Prometheus format on 127.0.0.1.
 
-    With `worker` (one process of `--workers N`, see agentload.run.workers): the run id and clock
+    With `worker` (one process of `--workers N`, see agentload.cluster.processes): the run id and clock
     anchor are the parent's, the files are run-wI.json, records-wI.jsonl, samples-wI.jsonl,
     only this worker's share of the agents runs, canaries only in worker 0, and the agents
     start when `worker.gate()` returns (all workers at once).
@@ -445,7 +445,7 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
         meta.update(extra_meta)
     plans = load_plans(sc.replay.source, sc.replay.format) if sc.replay.source else None  # a bad capture: no run
     transport = Transport(sc.client, sc.target, base_url)  # first: a missing secret leaves no half-made run
-    _write_json(out_dir / f"run{sfx}.json", meta)
+    write_run_json(out_dir / f"run{sfx}.json", meta)
     writer = RecordWriter(out_dir / f"records{sfx}.jsonl", loop=asyncio.get_running_loop())
     ctx = RunContext(sc, run_id, transport.url, transport, writer, tool_schemas(sc.conversation.tools))
     ctx.replay_plans = plans
@@ -454,14 +454,14 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
     elif shard is not None:
         ctx.shard = shard
         meta["shard"] = list(shard)
-        _write_json(out_dir / "run.json", meta)
+        write_run_json(out_dir / "run.json", meta)
     if on_context is not None:
         on_context(ctx)
 
     def write_crashes() -> None:  # the moment a crash happens: a run killed later still has it
         meta["crashes"] = list(ctx.crashes)
         meta["crash_count"] = ctx.crash_count
-        _write_json(out_dir / f"run{sfx}.json", meta)
+        write_run_json(out_dir / f"run{sfx}.json", meta)
 
     ctx.on_crash = write_crashes
     sampler = Sampler(ctx, out_dir / f"samples{sfx}.jsonl")
@@ -478,7 +478,7 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
     if not embedded_mock and "fleet" not in meta and (worker is None or worker.index == 0) and ctx.shard[0] == 0:
         # what the server says of itself (llama.cpp's /props: slots, n_ctx per slot, tool calls), bounded
         meta["server_props"] = await server_props.fetch(base_url, transport.headers, sc.client.connect_timeout_s)
-        _write_json(out_dir / f"run{sfx}.json", meta)
+        write_run_json(out_dir / f"run{sfx}.json", meta)
     if on_started is not None:
         on_started(meta)
 
@@ -647,7 +647,7 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
                      "agents_asked": ctx.agents_asked, "agents_started": ctx.agents_started,
                      "agents_due_unstarted": ctx.agents_due_unstarted,
                      "crashes": list(ctx.crashes), "crash_count": ctx.crash_count})
-        _write_json(out_dir / f"run{sfx}.json", meta)
+        write_run_json(out_dir / f"run{sfx}.json", meta)
         gc_restore()
     return RunOutcome(out_dir, run_id, cut_short, ctx.stop_reason, interrupts > 0, ended_by)
 

@@ -1,6 +1,6 @@
 """`agentload run --workers N`: the agents of one run in N processes, one report.
 
-Each worker is a process of its own (`python -m agentload.run.workers`), with its own event loop
+Each worker is a process of its own (`python -m agentload.cluster.processes`), with its own event loop
 and its own client pool: the `[client]` pool settings (limit, limit_per_host, ...) apply per
 process, so N workers may hold N x limit connections, and the report says so. Agents are split
 deterministically: worker w runs the agents i with i % N == w (ids stay those of a single-process
@@ -37,24 +37,20 @@ from typing import Any, Callable
 import orjson
 
 from agentload.errors import UserError
+from agentload.cluster.shards import last_line, live_line, merge_meta, split
 from agentload.process import ChildProcess, NotReady, wait_lines
 from agentload.run.context import WorkerSpec
 
 READY = "AGENTLOAD_WORKER_READY"
-_PKG_PARENT = str(Path(__file__).resolve().parents[1])
+_PKG_PARENT = str(Path(__file__).resolve().parents[2])  # the folder that holds the agentload package
 READY_TIMEOUT_S = 60.0
-
-
-def split(agents: int, workers: int) -> list[list[int]]:
-    """The deterministic split: worker w gets the agents i with i % workers == w."""
-    return [list(range(w, agents, workers)) for w in range(workers)]
 
 
 # ---------------------------------------------------------------- the parent
 
 
 def _worker_cmd(spec: dict[str, Any]) -> list[str]:
-    return [sys.executable, "-m", "agentload.run.workers", "--spec-json", orjson.dumps(spec).decode()]
+    return [sys.executable, "-m", "agentload.cluster.processes", "--spec-json", orjson.dumps(spec).decode()]
 
 
 def _wait_ready(procs: list[ChildProcess], timeout_s: float) -> None:
@@ -66,110 +62,6 @@ def _wait_ready(procs: list[ChildProcess], timeout_s: float) -> None:
         raise RuntimeError(f"{e.pending} worker(s) not ready within {timeout_s:g} s") from None
 
 
-def _last_line(path: Path) -> dict[str, Any] | None:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 65536))
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            d = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(d, dict):
-            return d
-    return None
-
-
-def live_line(run_dir: Path, n: int, elapsed_s: float) -> str:
-    """One plain line from the workers' latest samples (the single-process live view needs the
-    in-process run state, which the parent does not have)."""
-    counts: dict[str, int] = {}
-    inflight: dict[str, int] = {}
-    stalled = 0
-    lag = 0.0
-    seen = 0
-    for w in range(n):
-        s = _last_line(run_dir / f"samples-w{w}.jsonl")
-        if s is None:
-            continue
-        seen += 1
-        for k, v in (s.get("counts") or {}).items():
-            counts[k] = counts.get(k, 0) + int(v or 0)
-        for k, v in (s.get("inflight") or {}).items():
-            inflight[k] = inflight.get(k, 0) + int(v or 0)
-        stalled += int(s.get("stalled") or 0)
-        lag = max(lag, float(s.get("loop_lag_ms") or 0.0))
-    fl = ", ".join(f"{k} {v}" for k, v in inflight.items()) or "none"
-    return (f"agentload: {elapsed_s:5.0f}s  {seen}/{n} workers  requests {counts.get('requests', 0)}  "
-            f"ok {counts.get('ok', 0)}  errors {counts.get('error', 0)}  stalled {counts.get('stalled', 0) + stalled}  "
-            f"in flight: {fl}  loop lag max {lag:.0f} ms")
-
-
-def merge_meta(meta: dict[str, Any], metas: list[dict[str, Any] | None], codes: list[int | None],
-               interrupted: bool) -> dict[str, Any]:
-    """run.json of the whole run from the workers' run-wI.json."""
-    got = [m for m in metas if m is not None]
-    reasons = []
-    for w, (m, code) in enumerate(zip(metas, codes)):
-        if m is None or not m.get("ended"):
-            reasons.append(f"worker {w} did not end its run (exit status {code})")
-        elif code not in (0, None):
-            reasons.append(f"worker {w} exited with status {code}")
-    stop = next((m.get("stop_reason") for m in got if m.get("stop_reason") not in (None, "all agents finished")),
-                None) or (got[0].get("stop_reason") if got else None)
-    crashes: list[dict[str, Any]] = []
-    crash_count = 0
-    for w, (m, code) in enumerate(zip(metas, codes)):
-        for c in (m or {}).get("crashes") or []:
-            crashes.append({**c, "worker": w})
-        crash_count += int((m or {}).get("crash_count") or len((m or {}).get("crashes") or []))
-        if code is not None and code > 0:  # an exception ended the process (a signal's kill is negative)
-            crash_count += 1
-            crashes.append({"where": "worker", "agent": None, "round": None, "error": "WorkerExit",
-                            "message": f"worker {w} exited with status {code}"
-                                       + ("" if m is not None and m.get("ended") else " before its run ended"),
-                            "traceback": "", "worker": w})
-    by = [m.get("ended_by") for m in got]
-    if any(c["where"] == "worker" for c in crashes) or "crashed" in by:
-        ended_by = "crashed"
-    elif interrupted or reasons or "interrupted" in by:
-        ended_by = "interrupted"
-    elif "duration" in by:
-        ended_by = "duration"
-    else:
-        ended_by = "finished"
-    meta.update({
-        "ended": True,
-        "ended_normally": not interrupted and not reasons and all(m.get("ended_normally") for m in got),
-        "cut_short": interrupted or bool(reasons) or any(m.get("cut_short") for m in got),
-        "ended_by": ended_by,
-        "crashes": crashes,
-        "crash_count": crash_count,
-        "stop_reason": "; ".join(reasons + ([stop] if stop else [])) or None,
-        "t_end_ns": max([m.get("t_end_ns") or 0 for m in got] or [0]) or None,
-        "t_end_unix": max([m.get("t_end_unix") or 0 for m in got] or [0]) or None,
-        "records": sum(m.get("records") or 0 for m in got),
-        # (only when every worker said: a worker that left no run-wI.json started an unknown number)
-        **{k: sum(m[k] for m in got) for k in ("agents_asked", "agents_started", "agents_due_unstarted")
-           if len(got) == len(metas) and all(type(m.get(k)) is int for m in got)},
-        "max_loop_lag_ms": max([m.get("max_loop_lag_ms") or 0.0 for m in got] or [0.0]),
-        "workers": len(metas),
-        "worker_runs": [{"worker": w, "pid": (m or {}).get("pid"), "exit": code, "records": (m or {}).get("records"),
-                         "max_loop_lag_ms": (m or {}).get("max_loop_lag_ms"), "stop_reason": (m or {}).get("stop_reason")}
-                        for w, (m, code) in enumerate(zip(metas, codes))],
-    })
-    for key in ("intervals", "target_metrics", "server_props"):  # (server_props: worker 0 asks)
-        for m in got:
-            if key in m and key not in meta:
-                meta[key] = m[key]
-    return meta
-
-
 def run_workers(sc: Any, run_dir: Path, base_url: str, n: int, *, embedded_mock: bool,
                 install_signals: bool = True, live: bool = False,
                 log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr),
@@ -177,7 +69,7 @@ def run_workers(sc: Any, run_dir: Path, base_url: str, n: int, *, embedded_mock:
     """Run the scenario in `n` worker processes into run_dir; returns a runner.RunOutcome.
     `exporter(latest)`: makes and starts the --metrics-port exporter over the workers' latest samples
     (agentload.cluster.exporter; passed in, the run layer does not import it)."""
-    from agentload.run.runner import RunOutcome, _write_json, run_metadata
+    from agentload.run.runner import RunOutcome, run_metadata, write_run_json
 
     if n < 1:
         raise UserError(f"--workers: expected a whole number >= 1, got {n}")
@@ -190,10 +82,10 @@ def run_workers(sc: Any, run_dir: Path, base_url: str, n: int, *, embedded_mock:
     procs: list[ChildProcess] = []
     served = None
     if exporter is not None:  # first: a port in use fails before any worker starts
-        served = exporter(lambda: [(w, _last_line(run_dir / f"samples-w{w}.jsonl"),
+        served = exporter(lambda: [(w, last_line(run_dir / f"samples-w{w}.jsonl"),
                                     w < len(procs) and procs[w].poll() is None) for w in range(n)])
         meta["metrics_port"] = served.port
-    _write_json(run_dir / "run.json", meta)
+    write_run_json(run_dir / "run.json", meta)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)
     interrupts = 0
@@ -251,7 +143,7 @@ def run_workers(sc: Any, run_dir: Path, base_url: str, n: int, *, embedded_mock:
         except (OSError, orjson.JSONDecodeError):
             metas.append(None)
     merge_meta(meta, metas, [p.returncode for p in procs], interrupts > 0)
-    _write_json(run_dir / "run.json", meta)
+    write_run_json(run_dir / "run.json", meta)
     return RunOutcome(run_dir, run_id, bool(meta["cut_short"]), meta.get("stop_reason"), interrupts > 0,
                       meta["ended_by"])
 
@@ -297,7 +189,7 @@ async def _worker(spec: dict[str, Any]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agentload.run.workers", description="one worker of agentload run --workers N")
+    ap = argparse.ArgumentParser(prog="python -m agentload.cluster.processes", description="one worker of agentload run --workers N")
     ap.add_argument("--spec-json", required=True)
     a = ap.parse_args(argv)
     spec = orjson.loads(a.spec_json)
