@@ -297,3 +297,45 @@ def test_openai_responses_through_the_proxy_read_as_responses(mock, tmp_path):
     assert [(r["agent"], r["round"]) for r in recs] == [(0, 1), (0, 2), (0, 3)]
     assert all(r["outcome"] == "ok" for r in recs) and sum(r["tool_calls"] for r in recs) == calls == 3
     assert code == 0, text
+
+
+def test_a_request_whose_conversation_cannot_be_read_is_forwarded_and_recorded_never_healthy(mock, tmp_path):
+    """A harness posting what agentload cannot follow (not JSON, no messages) fails closed: the server's
+    answer goes back as it came, and the run says so instead of judging only what it could read."""
+    import aiohttp
+
+    out = tmp_path / "run"
+    child, port = start_proxy(mock.url, out)
+    try:
+        async def mixed():
+            seen = await harness(port, "fine", 2)
+            base = f"http://127.0.0.1:{port}/v1"
+            async with aiohttp.ClientSession() as s:
+                async with s.post(f"{base}/chat/completions", data=b"{not json",
+                                  headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}) as r:
+                    bad_json = (r.status, await r.read())
+                async with s.post(f"{base}/messages", json={"model": "m", "max_tokens": 5}) as r:
+                    no_messages = r.status
+                async with s.get(f"{base}/models") as r:
+                    models = r.status
+            return seen, bad_json, no_messages, models
+        seen, bad_json, no_messages, models = asyncio.run(mixed())
+    finally:
+        code, text = stop_proxy(child)
+    assert len(seen) == 2
+    assert bad_json[0] >= 400 and b"agentload_proxy" not in bad_json[1]  # the server's own answer
+    assert no_messages >= 400 and models == 200
+    recs = [r for r in records(out) if r["kind"] == "agent"]
+    unreadable = [r for r in recs if r["error"] == "request_unreadable"]
+    assert len(unreadable) == 2, recs
+    assert {r["status"] for r in unreadable} == {bad_json[0], no_messages}
+    assert any("is not a JSON object" in r["error_msg"] for r in unreadable)
+    assert any("/v1/messages" in r["error_msg"] and "no `messages`" in r["error_msg"] for r in unreadable)
+    assert len(recs) == 4  # GET /v1/models passed through, unrecorded
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    assert summary["verdict"]["kind"] != "healthy", text
+    assert "request_unreadable" in summary["verdict"]["summary"] + " ".join(summary["verdict"]["evidence"]), text
+    for f in out.iterdir():
+        if f.is_file():
+            assert KEY.encode() not in f.read_bytes(), f.name
+    assert code == 1, text

@@ -38,7 +38,7 @@ from aiohttp import web
 
 from agentload.redact import add_secret, redact_bytes
 from agentload.proxy.conversations import Conversations, conversation_items
-from agentload.records import Trace
+from agentload.records import Record, Trace
 from agentload.run import apis
 from agentload.run.agent import attempt
 from agentload.run.context import AgentState
@@ -141,6 +141,9 @@ class Proxy:
         body = _json_object(raw) if request.method == "POST" else None
         items = conversation_items(body) if body is not None else None
         if items is None:
+            if request.method == "POST" and is_api_path(request.path):
+                why = "is not a JSON object" if body is None else "carries no `messages` or `input` list"
+                return await self._unreadable(request, raw, t_in, t_body, why)
             return await self._pass_through(request, raw)
         ctx = self.ctx
         session = request.headers.get(self.session_header) if self.session_header else None
@@ -203,9 +206,29 @@ class Proxy:
             os.close(self.bodies_fd)
             self.bodies_fd = -1
 
-    async def _pass_through(self, request: web.Request, raw: bytes) -> web.StreamResponse:
+    async def _unreadable(self, request: web.Request, raw: bytes, t_in: int, t_body: int,
+                          why: str) -> web.StreamResponse:
+        """A POST to an API path whose conversation agentload cannot read: forwarded as it came (the
+        harness gets the server's answer), and recorded as an error of its own, `request_unreadable`,
+        so a harness sending what agentload cannot follow never leaves a run that looks healthy."""
+        ctx = self.ctx
+        session = request.headers.get(self.session_header) if self.session_header else None
+        pl = self.conversations.place(None, session)
+        rid = f"{ctx.run_id}-a{pl.conversation}-r{pl.round}-c{pl.call}"
+        trace = Trace("agent", pl.conversation, pl.round, pl.call, rid, 0, len(raw), 0)
+        trace.t.update(start=t_in, down_start=t_in, down_body=t_body)
+        resp = await self._pass_through(request, raw, counted=False)
+        trace.t["end"] = _now()
+        self.conversations.answered(pl.conversation, False)
+        ctx.emit(Record.from_trace(
+            ctx.run_id, trace, outcome="error", status=resp.status, error="request_unreadable",
+            error_msg=f"the harness's {request.method} {request.path} body ({len(raw):,} bytes) {why}: "
+                      f"forwarded as it came, its conversation and round not known"))
+        return resp
+
+    async def _pass_through(self, request: web.Request, raw: bytes, counted: bool = True) -> web.StreamResponse:
         """A request that carries no conversation: forwarded as it is, answer streamed back, no record."""
-        self.passed_through += 1
+        self.passed_through += counted
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         try:
             async with self.session.request(request.method, self.url_for(request), data=raw or None,
@@ -222,6 +245,14 @@ class Proxy:
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             return web.json_response({"error": {"type": "agentload_proxy", "message": f"agentload proxy: {e!r}"[:300]}},
                                      status=502, headers={"X-Agentload-Proxy": type(e).__name__})
+
+
+_API_SUFFIXES = ("/chat/completions", "/messages", "/responses")
+
+
+def is_api_path(path: str) -> bool:
+    """A path one of the APIs is posted to (whatever prefix the harness's base URL has)."""
+    return path.rstrip("/").endswith(_API_SUFFIXES)
 
 
 def stream_of(path: str) -> Any:
