@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from agentload.mock import MockConfig, MockProcess
-from agentload.mock.server import gen_value, protocol_violation
+from agentload.mock.handler import protocol_violation
+from agentload.mock.schema_values import gen_value
 from agentload.tokens import prompt_tokens, synthetic_text
 
 TIMEOUT = aiohttp.ClientTimeout(total=10, sock_connect=5)

@@ -10,7 +10,7 @@ import random
 import orjson
 
 from agentload.mock.config import MockConfig
-from agentload.mock.server import plan_answer
+from agentload.mock.plan import plan_answer
 from agentload.records import load_records
 from agentload.run.conversation import tool_schemas
 

@@ -5,7 +5,7 @@ prompt, the messages with their tool calls and results, the tools, tool_choice, 
 rounds, prompt tokens, the protocol check, the prefix cache, the answer plan and every fault are
 the chat route's, and the prompt tokens are the ones agentload counted for the same conversation.
 The answer is then written in the API's own events (`frames`): the same token chunks, paced and
-faulted by the same loop (server.py), each framed as the API frames it:
+faulted by the same loop (mock/handler.py), each framed as the API frames it:
 
 - Messages: `message_start` (with the headers: input usage, and the cache's reads as
   `cache_read_input_tokens` where the prefix cache is on), one `content_block_start` per block
@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from agentload.mock.framing import Frames
 from agentload.tokens import text_tokens
 
 _dumps = orjson.dumps
@@ -270,20 +271,6 @@ def pieces(message: dict[str, Any], chunk_tokens: int) -> list[tuple[str, int, s
             piece = args[pos:pos + step]
             out.append(("args", k, piece, text_tokens(piece)))
     return out
-
-
-class Frames:
-    """An answer's bytes as the serving loop writes them: `open` with the headers, one of `chunks`
-    per token chunk (`toks` tokens each), `close` after the last (`close_incomplete` instead when
-    the answer ran out of tokens and the API says so as an incomplete answer)."""
-
-    __slots__ = ("open", "chunks", "toks", "close")
-
-    def __init__(self) -> None:
-        self.open = b""
-        self.chunks: list[bytes] = []
-        self.toks: list[int] = []
-        self.close = b""
 
 
 def messages_frames(plan: Any, model: str, backend: str, usage: dict[str, Any], chunk_tokens: int) -> Frames:

@@ -74,7 +74,7 @@ class MockConfig:
     # prompt_tokens_details in usage), hits counted in whole blocks
     prefix_cache_tokens: int = 0
     prefix_block_tokens: int = setting(16, Whole(1))
-    # a file every chat request appends one JSON line to when it ends (see server.py)
+    # a file every chat request appends one JSON line to when it ends (see mock/server.py)
     request_log: str | None = setting(None, Opt(Text("a file path", nonblank=True, one_line=True)))
 
     @classmethod
