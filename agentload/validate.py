@@ -246,7 +246,7 @@ def _infer(typ: Any) -> Check:
     simple = {bool: Flag, int: Whole, float: Number, str: Text}
     if typ in simple:
         return simple[typ]()
-    if dataclasses.is_dataclass(typ):
+    if isinstance(typ, type) and dataclasses.is_dataclass(typ):
         return Model(typ)
     raise TypeError(f"no check for {typ!r}: give one with setting(default, check)")
 
@@ -330,23 +330,29 @@ def apply_sets(raw: dict[str, Any], items: Iterable[str], *, form: str, under: s
         short = len(parts) - (under is not None) < depth and not (len(parts) == 1 and parts[0] in whole)
         if not sep or not all(parts) or short:
             raise ScenarioError(source, (path.strip() if sep else "") or item.strip(), f"expected {form}")
-        node = raw
-        for i, p in enumerate(parts[:-1]):
+        node: dict[str, Any] | list[Any] = raw
+        for i, p in enumerate(parts):
+            last = i == len(parts) - 1
             if isinstance(node, list):
                 if not p.isdigit() or int(p) >= len(node):
                     raise ScenarioError(source, ".".join(parts), f"expected an index below {len(node)} "
                                                                   f"for {'.'.join(parts[:i])}, got {p}")
-                node = node[int(p)]
-                continue
-            nxt = node.get(p)
-            if nxt is None:
-                nxt = node[p] = {}
-                written.append(".".join(parts[:i + 1]))  # a table made here: whatever it lacks is the item's
+                if last:
+                    node[int(p)] = parse_value(text.strip())
+                    break
+                nxt = node[int(p)]
+            else:
+                if last:
+                    node[p] = parse_value(text.strip())
+                    break
+                nxt = node.get(p)
+                if nxt is None:
+                    nxt = node[p] = {}
+                    written.append(".".join(parts[:i + 1]))  # a table made here: whatever it lacks is the item's
             if not isinstance(nxt, (dict, list)):
                 raise ScenarioError(source, ".".join(parts), f"expected {'.'.join(parts[:i + 1])} to be a table, "
                                                               f"got {show(nxt)}")
             node = nxt
-        node[parts[-1]] = parse_value(text.strip())
         written.append(".".join(parts))
     return written
 

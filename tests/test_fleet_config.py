@@ -43,6 +43,9 @@ def _load(tmp_path: Path, text: str, sets: list[str] | None = None):
     (["fleet.backends=[{mock={hang_above_tokens=\"x\"}}]", "fleet.count=1"], "fleet.backends[0].mock.hang_above_tokens", ""),
     (["router.command=false"], "router.command", "already"),
     (["agents.restart=true", "agents.duration_s=false"], "", ""),
+    # --set into a list: an item replaced by a number is named, a number is not walked into as a table
+    (["schedule=[{at_s=1, backend=0, fault=\"hang\"}]", "schedule.0=5"], "schedule[0]", "table"),
+    (["schedule=[1]", "schedule.0.at_s=2"], "schedule.0.at_s", "expected schedule.0 to be a table, got 1"),
 ])
 def test_mistakes_name_the_key(tmp_path, sets, key, words):
     with pytest.raises(ScenarioError) as e:

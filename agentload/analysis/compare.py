@@ -317,7 +317,7 @@ def _started(d: Path) -> tuple[float, str]:
 def fingerprint_of(meta: dict[str, Any]) -> str | None:
     fp = meta.get("fingerprint")
     if fp:
-        return fp
+        return str(fp)
     return None  # every run.json agentload writes has one
 
 

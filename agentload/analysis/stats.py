@@ -17,7 +17,7 @@ histogram each.
 from __future__ import annotations
 
 from array import array
-from typing import Callable, Generic, Iterable, TypeVar
+from typing import Any, Callable, Generic, Iterable, TypeVar
 
 import numpy as np
 from hdrh.histogram import HdrHistogram
@@ -98,11 +98,11 @@ def quantile_ms(values_ns: Iterable[int | None], p: float) -> float | None:
 # a value's counts index, and an index's lowest and highest equivalent values.
 _H = new_histogram()
 assert _H.unit_magnitude == 0, "the index arithmetic below assumes a lowest trackable value of 1"
-_HALF_MAG = _H.sub_bucket_half_count_magnitude  # 10
-_HALF = _H.sub_bucket_half_count  # 1024
-_MASK = _H.sub_bucket_mask  # 2047
+_HALF_MAG: int = _H.sub_bucket_half_count_magnitude  # 10
+_HALF: int = _H.sub_bucket_half_count  # 1024
+_MASK: int = _H.sub_bucket_mask  # 2047
 _SHIFT = _HALF_MAG + 1  # 11
-_COUNTS_LEN = _H.counts_len
+_COUNTS_LEN: int = _H.counts_len
 del _H
 
 
@@ -263,7 +263,7 @@ class PhaseStats:
             if ns is not None and (ok or not ok_only):
                 h.record_ns(ns)
 
-    def phases(self) -> dict[str, dict | None]:
+    def phases(self) -> dict[str, dict[str, Any] | None]:
         return {p: summarize(h) for p, h in self.hists.items()}
 
     def counts(self) -> dict[str, int]:

@@ -119,7 +119,7 @@ class FirstSeenCounts:
     def __len__(self) -> int:
         return sum(self.counts.values())
 
-    def counter(self) -> Counter:
+    def counter(self) -> Counter[Hashable]:
         """A Counter whose insertion order is the order of first appearance."""
         return Counter({v: self.counts[v] for v in sorted(self.counts, key=self.first.__getitem__)})
 
@@ -287,11 +287,11 @@ class CodeTally:
 
     def __init__(self) -> None:
         self.records = 0
-        self.codes: Counter = Counter()  # code -> records with it
+        self.codes: Counter[str] = Counter()  # code -> records with it
         self.first: dict[str, str] = {}  # code -> the first record's detail
-        self.rounds: Counter = Counter()  # round -> records
+        self.rounds: Counter[int] = Counter()  # round -> records
         self.agents: set[int] = set()
-        self.finish: Counter = Counter()  # finish_reason ("none") -> records
+        self.finish: Counter[str] = Counter()  # finish_reason ("none") -> records
 
     def add(self, r: Record, lines: list[str]) -> None:
         self.records += 1

@@ -192,7 +192,7 @@ def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *,
                 ray={"address": address, "nodes": len([n for n in ray.nodes() if n.get("Alive")])})
     write_run_json(run_dir / "run.json", meta)
     Actor = ray.remote(ShardActor)
-    actors = []
+    actors: list[Any] = []  # Ray's actor handles (their methods' .remote is not in Ray's types)
     for i in range(shards):
         spec = {"scenario": sc.to_dict(), "source": sc.source, "base_url": base_url, "index": i, "count": shards,
                 "run_id": run_id, "t0_unix": meta["t0_unix"]}
@@ -230,7 +230,11 @@ def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *,
         offsets = []
         for i, a in enumerate(actors):
             infos[i].update(ray.get(a.node.remote(), timeout=120))
-            off = estimate_offset(lambda a=a: ray.get(a.clock.remote(), timeout=30))
+
+            def clock(actor: Any = a) -> int:
+                return int(ray.get(actor.clock.remote(), timeout=30))
+
+            off = estimate_offset(clock)
             offsets.append(off)
             infos[i].update(off.to_json())
         start = time.perf_counter_ns() + int(START_LEAD_S * 1e9)
@@ -325,8 +329,8 @@ def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *,
     finally:
         if exporter is not None:
             exporter.stop()
-        for sig, h in old.items():
-            signal.signal(sig, h)
+        for signum, h in old.items():
+            signal.signal(signum, h)
         for a in actors:
             try:
                 ray.kill(a)

@@ -129,6 +129,10 @@ class FleetConfig:
                     for i, b in enumerate(self.backends)]
         return [BackendConfig(f"b{i}") for i in range(self.count)]
 
+    def names(self) -> list[str]:
+        """Every backend's name, as `resolved` gives them."""
+        return [b.name or f"b{i}" for i, b in enumerate(self.resolved())]
+
 
 @dataclass(frozen=True)
 class RouterConfig:
@@ -180,7 +184,7 @@ def check_fleet(fleet: FleetConfig, router: RouterConfig, schedule: tuple, has_e
     if router.command is None and not has_endpoint:
         (at / "router" / "command").error("expected the command that starts the router, or [target] endpoint "
                                           "of a router already running")
-    names = [b.name for b in fleet.resolved()]
+    names = fleet.names()
     if router.command is None:
         for i, b in enumerate(fleet.resolved()):
             if b.port is None:
@@ -195,5 +199,4 @@ def check_fleet(fleet: FleetConfig, router: RouterConfig, schedule: tuple, has_e
 
 
 def backend_name(fleet: FleetConfig, ref: int | str) -> str:
-    names = [b.name for b in fleet.resolved()]
-    return names[ref] if isinstance(ref, int) else ref
+    return fleet.names()[ref] if isinstance(ref, int) else ref

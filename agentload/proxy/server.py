@@ -140,7 +140,7 @@ class Proxy:
         t_body = _now()
         body = _json_object(raw) if request.method == "POST" else None
         items = conversation_items(body) if body is not None else None
-        if items is None:
+        if body is None or items is None:
             if request.method == "POST" and is_api_path(request.path):
                 why = "is not a JSON object" if body is None else "carries no `messages` or `input` list"
                 return await self._unreadable(request, raw, t_in, t_body, why)

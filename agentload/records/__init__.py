@@ -13,7 +13,13 @@ Written by the run path, read by analysis and the reports; imports nothing above
 - `target_metrics`: the target's Prometheus scrapes (`target_metrics.jsonl`) read back.
 """
 
-from agentload.records.record import (  # noqa: F401  the names every layer uses
+from agentload.records.record import (  # the names every layer uses
     OUTCOMES, PHASES, PROBE_KINDS, RECORD_VERSION, REPORT_PHASES, STAMPS, LoadedRecords, Record, RecordWriter, Trace,
     iter_record_dicts, load_records, phase_at, phase_ns, redact_record, tool_calls_sendable,
 )
+
+__all__ = [
+    "OUTCOMES", "PHASES", "PROBE_KINDS", "RECORD_VERSION", "REPORT_PHASES", "STAMPS", "LoadedRecords", "Record",
+    "RecordWriter", "Trace", "iter_record_dicts", "load_records", "phase_at", "phase_ns", "redact_record",
+    "tool_calls_sendable",
+]

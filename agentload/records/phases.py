@@ -30,6 +30,7 @@ A row:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +135,7 @@ def phase_ns(t: dict[str, int], phase: str, reused: bool | None = None) -> int |
     return DURATION[phase](t, reused)  # KeyError for a phase the table does not know
 
 
-def _duration_of(p: Phase):
+def _duration_of(p: Phase) -> Callable[[dict[str, int], bool | None], int | None]:
     """`phase_ns` of one phase, with its row's stamps bound (called for every phase of every record)."""
     start, end, passed_by, passed_if_reused = p.start, p.end, p.passed_by, p.passed_if_reused
 
@@ -153,7 +154,8 @@ def _duration_of(p: Phase):
     return duration
 
 
-DURATION = {p.name: _duration_of(p) for p in TABLE}  # phase -> its phase_ns(t, reused)
+# phase -> its phase_ns(t, reused)
+DURATION: dict[str, Callable[[dict[str, int], bool | None], int | None]] = {p.name: _duration_of(p) for p in TABLE}
 
 
 def request_segments(t: dict[str, int]) -> list[tuple[str, int, int]]:

@@ -17,8 +17,9 @@ from typing import Any, Iterator
 import orjson
 
 from agentload import redact
-from agentload.records.phases import (  # noqa: F401  one definition, re-exported for every caller
-    PHASES, PROGRESS_STAMPS, REPORT_PHASES, STAMPS, phase_at, phase_ns,
+from agentload.records.phases import (  # one definition, re-exported for every caller ("X as X")
+    PHASES as PHASES, PROGRESS_STAMPS as PROGRESS_STAMPS, REPORT_PHASES as REPORT_PHASES, STAMPS as STAMPS,
+    phase_at as phase_at, phase_ns as phase_ns,
 )
 
 RECORD_VERSION = 1

@@ -36,7 +36,7 @@ import re
 import zlib
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence, overload
 
 import orjson
 
@@ -159,7 +159,7 @@ def _within(s: dict[str, Any], lo: int, hi: int | None) -> bool:
     return isinstance(t, int) and t >= lo and (hi is None or t <= hi)
 
 
-class Samples(Sequence):
+class Samples(Sequence[dict[str, Any]]):
     """The run's samples (samples.jsonl; the workers' samples-wI.jsonl merged a second at a time, as
     `merge_worker_samples` does), read from disk once and kept as their JSON lines in zlib-compressed
     blocks: a sequence of dicts parsed again each time it is walked. A day-long run has 86,400
@@ -204,7 +204,13 @@ class Samples(Sequence):
     def __len__(self) -> int:
         return self._n
 
-    def __getitem__(self, i):  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
         if isinstance(i, slice):
             return list(self)[i]
         if i < 0:
@@ -212,7 +218,8 @@ class Samples(Sequence):
         if not 0 <= i < self._n:
             raise IndexError("sample index out of range")
         block = zlib.decompress(self._blocks[i // self.BLOCK]).split(b"\n")
-        return orjson.loads(block[i % self.BLOCK])
+        sample: dict[str, Any] = orjson.loads(block[i % self.BLOCK])
+        return sample
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (list, tuple, Samples)):

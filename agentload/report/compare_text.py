@@ -56,11 +56,11 @@ def render_text(doc: dict[str, Any], width: int = 120, color: bool = False) -> s
     for var in doc["variants"]:
         table.add_column("\n".join(var["name"].split(",")), justify="right", no_wrap=True)
     for row in doc["rows"]:
-        cells = []
+        row_cells: list[Text] = []
         for var in doc["variants"]:
             text, best = _cell(doc, row, var)
-            cells.append(Text(text, style="bold green" if (best and color) else ""))
-        table.add_row(row["label"], *cells)
+            row_cells.append(Text(text, style="bold green" if (best and color) else ""))
+        table.add_row(row["label"], *row_cells)
     con.print(table)
     for line in doc["legend"]:
         con.print(line, soft_wrap=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from agentload.analysis.passes import order_key
 from agentload.analysis.tallies import FirstSeenCounts
@@ -268,7 +268,7 @@ class HtmlView:
             return int(t0)
         return self.min_start if self.min_start is not None else 0
 
-    def run_end(self, samples: list[dict[str, Any]]) -> int:
+    def run_end(self, samples: Sequence[dict[str, Any]]) -> int:
         return self.lanes.run_end(samples)
 
     def canary_lane(self) -> Lane | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from agentload.records import Record, phase_at
 from agentload.records.phases import FIRST_PHASE, LAST_PHASE, PHASES, request_segments  # noqa: F401
@@ -64,7 +64,7 @@ def seen_end(rec: Record) -> int | None:
     return t.get("end") or max(t.values())
 
 
-def run_end_ns(meta: dict[str, Any], samples: list[dict[str, Any]], seen_max: int | None) -> int:
+def run_end_ns(meta: dict[str, Any], samples: Sequence[dict[str, Any]], seen_max: int | None) -> int:
     """Where the timeline ends: the run's recorded end, else the last thing seen on disk
     (`seen_max`: the latest `seen_end` of the records)."""
     if meta.get("t_end_ns"):
@@ -324,7 +324,7 @@ class LaneSampler:
 
     # ---- after the pass
 
-    def run_end(self, samples: list[dict[str, Any]]) -> int:
+    def run_end(self, samples: Sequence[dict[str, Any]]) -> int:
         return run_end_ns(self.meta, samples, self.seen_max)
 
     def canary_lane(self) -> Lane | None:

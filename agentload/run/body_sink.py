@@ -54,6 +54,9 @@ class _Sink(asyncio.Future):
     while a read is being parsed, the body bytes it carried so far (`pieces`)."""
 
     __slots__ = ("feed", "error", "pieces")
+    feed: Callable[[bytes, int], None]
+    error: BaseException | None
+    pieces: list[bytes]
 
 
 class _SinkReader(StreamReader):
@@ -80,7 +83,7 @@ class _SinkReader(StreamReader):
     # one: the connection is not reused.) The C parser calls both twice per HTTP chunk (70 times
     # for a 35-chunk answer in one read): a builtin that takes no argument and does nothing costs
     # half a Python method's call from C. (A bound builtin is no descriptor: no `self` is passed.)
-    begin_http_chunk_receiving = end_http_chunk_receiving = ().__len__
+    begin_http_chunk_receiving = end_http_chunk_receiving = ().__len__  # type: ignore[assignment]
 
 
 class _ChunkSinkReader(_SinkReader):

@@ -140,6 +140,8 @@ class _Exchange:
                 except asyncio.TimeoutError as e:  # the pool (connect) timeout, named as aiohttp names it
                     raise aiohttp.ConnectionTimeoutError(f"Connection timeout to host {p.template.url}") from e
                 proto = conn.protocol
+                if proto is None:  # a connection just made holds its protocol until released
+                    raise ClientConnectionResetError("Cannot write to closing transport")
                 proto.set_response_params(timer=timer, read_timeout=tm.sock_read, **p.params)
                 body = self.body
                 if body.__class__ is not bytes:  # a conversation's body: its bytes asked for only now, so

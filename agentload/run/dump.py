@@ -79,17 +79,17 @@ def _format(ctx: "RunContext", reason: str, now: int, t0_ns: int | None, traces:
         if i % DUMP_SLICE == DUMP_SLICE - 1:
             yield
         state_counts[st.state] += 1
-        tr = st.trace if st.trace is not None else by_agent.get(agent)
-        if st.state == "request" and tr is not None:
-            phase = tr.phase()
-            in_phase = (now - phase_since(tr)) / 1e9
-            idle = f"{(now - tr.progress_ns()) / 1e9:8.3f}"
-            rid = tr.request_id
-            stall = tr.stalled_phase or "-"
+        its = st.trace if st.trace is not None else by_agent.get(agent)
+        if st.state == "request" and its is not None:
+            phase = its.phase()
+            in_phase = (now - phase_since(its)) / 1e9
+            idle = f"{(now - its.progress_ns()) / 1e9:8.3f}"
+            rid = its.request_id
+            stall = its.stalled_phase or "-"
         else:
             phase, in_phase, idle, rid, stall = "-", (now - st.since) / 1e9, f"{'-':>8}", "-", "-"
         rows.append(f"{agent:>6} {st.round:>5} {st.state:<9} {phase:<9} {in_phase:>10.3f} {idle} "
-                    f"{stall:<9} {_conn(tr if st.state == 'request' else None):<6} {st.rounds_completed:>9}  {rid}")
+                    f"{stall:<9} {_conn(its if st.state == 'request' else None):<6} {st.rounds_completed:>9}  {rid}")
     lines = [f"agentload agent dump  run {ctx.run_id}  reason: {reason}",
              f"written {time.strftime('%Y-%m-%d %H:%M:%S')}"
              + (f"  elapsed {(now - t0_ns) / 1e9:.1f} s" if t0_ns else "")

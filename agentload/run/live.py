@@ -19,6 +19,8 @@ from agentload.records import PHASES
 from agentload.run.snapshot import current
 
 if TYPE_CHECKING:
+    from rich.live import Live
+
     from agentload.run.context import RunContext
     from agentload.run.sampler import Sampler
 
@@ -127,10 +129,10 @@ def rich_view(s: Snapshot, run_dir: str | None = None):
         parts.append(Text("stalled requests in flight, by round x phase:", style="bold red"))
         t = Table(show_edge=False)
         t.add_column("round", justify="right")
-        for p in phases:
-            t.add_column(p, justify="right")
+        for phase in phases:
+            t.add_column(phase, justify="right")
         for r in rounds:
-            t.add_row(str(r), *(str(s.stalled.get((r, p), "")) for p in phases))
+            t.add_row(str(r), *(str(s.stalled.get((r, phase), "")) for phase in phases))
         parts.append(t)
     return Group(*parts)
 
@@ -158,7 +160,7 @@ class RichLive:
         self.console = Console(file=stream, stderr=stream is sys.stderr)
         self.rates = Rates()
         self.run_dir = run_dir
-        self.live = None
+        self.live: Live | None = None
 
     def __call__(self, ctx: "RunContext", sampler: "Sampler") -> None:
         from rich.live import Live

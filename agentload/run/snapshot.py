@@ -386,11 +386,13 @@ class TimeGrid:
 
     def point_after(self, per_s: int, t: float) -> int:
         """n of the first point (per_s a second) strictly after loop time t."""
+        assert self.origin_us is not None, "start() sets the origin"
         d = round(t * 1e6) - self.origin_us + 1
         return -(-d * per_s // 1_000_000)
 
     def point_us(self, n: int, per_s: int) -> int:
         """Point n (per_s a second) in whole microseconds of loop time: one key per instant."""
+        assert self.origin_us is not None, "start() sets the origin"
         return self.origin_us + n * 1_000_000 // per_s
 
     async def wait(self, n: int, per_s: int, first: bool = False) -> float:
