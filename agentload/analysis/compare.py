@@ -115,6 +115,7 @@ def measure_run(data: RunData) -> tuple[dict[str, Any], dict[str, Any], dict[str
     m["error_classes"] = dict(Counter(r.error for r in errors).most_common())
     if summary.get("router"):
         m.update(router_metrics(summary["router"]))
+    m.update(group_metrics(summary.get("groups") or {}))
     hists = sp.rounds.overall.hists  # every agent request's phases (e2e: completed ones)
     dist = {p: quantiles_of(hists[p]) for p in COMPARE_CDF_PHASES}
     return m, summary, dist
@@ -151,6 +152,56 @@ def router_metrics(r: dict[str, Any]) -> dict[str, Any]:
         m[f"fault{n}_used_again_s"] = again if again is not None or not f.get("ended_in_run") else "never"
         m[f"fault{n}_label"] = f"{f['fault']} {f['backend']}"
     return m
+
+
+def group_metrics(groups: dict[str, Any]) -> dict[str, Any]:
+    """A run's prefix-group rows (summary.json's `groups`): what each group's shared prefix got from
+    the server's cache and its time to first token."""
+    m: dict[str, Any] = {}
+    for g, x in groups.items():
+        m[f"group{g}_cache_hit_rate"] = x.get("cache_hit_rate")
+        m[f"group{g}_ttft_p50_ms"], m[f"group{g}_ttft_p99_ms"] = x.get("ttft_p50_ms"), x.get("ttft_p99_ms")
+    return m
+
+
+def group_rows(variants: list[dict[str, Any]]) -> list[tuple[tuple[str, ...], str, str | None]]:
+    """The prefix-group rows of a comparison, group by group, for the groups any run had."""
+    groups = sorted({k.removeprefix("group").removesuffix("_cache_hit_rate") for v in variants
+                     for k in v["metrics"] if k.startswith("group") and k.endswith("_cache_hit_rate")}, key=int)
+    rows: list[tuple[tuple[str, ...], str, str | None]] = []
+    for g in groups:
+        rows.append(((f"group{g}_cache_hit_rate",), f"prefix group {g}: cache hit rate", "higher"))
+        rows.append(((f"group{g}_ttft_p50_ms", f"group{g}_ttft_p99_ms"), f"prefix group {g}: ttft p50 / p99 ms", "lower"))
+    return rows
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.0f}%"
+
+
+def routing_conclusions(variants: list[dict[str, Any]]) -> list[str]:
+    """What a router engineer comparing policies asks first, in words: which run kept prefixes
+    together (conversations on one backend, then cache hit rate) and which balanced load (the lowest
+    imbalance), each with the others' figures beside it. Empty unless two runs have router rows."""
+    ms = [(v["name"], v["metrics"]) for v in variants if v["metrics"].get("cache_hit_rate") is not None]
+    if len(ms) < 2:
+        return []
+
+    def others(key: str, best: str, fmt: Any) -> str:
+        return ", ".join(f"{n} {fmt(m.get(key))}" for n, m in ms if n != best)
+
+    together = max(ms, key=lambda x: (round((x[1].get("conversation_stickiness") or 0) * 100),
+                                      round((x[1].get("cache_hit_rate") or 0) * 100)))
+    out = [f"kept prefixes together: {together[0]} (conversations on one backend "
+           f"{_pct(together[1].get('conversation_stickiness'))}, cache hit rate {_pct(together[1]['cache_hit_rate'])}; "
+           f"{others('cache_hit_rate', together[0], _pct)} hit rate)"]
+    balanced = [x for x in ms if x[1].get("imbalance") is not None]
+    if len(balanced) >= 2:
+        best = min(balanced, key=lambda x: x[1]["imbalance"])
+        f2 = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        out.append(f"balanced load: {best[0]} (imbalance {f2(best[1]['imbalance'])}: the busiest backend's share x "
+                   f"backends, 1.00 = even; {others('imbalance', best[0], f2)})")
+    return out
 
 
 def router_rows(variants: list[dict[str, Any]]) -> list[tuple[tuple[str, ...], str, str | None]]:
@@ -238,7 +289,7 @@ def fmt_value(key: str, v: Any, metrics: dict[str, Any] | None = None) -> str:
         return "-"
     if key.endswith("_ms"):
         return fmt_ms(v)
-    if key in ("reuse_rate", "cache_hit_rate", "stickiness"):
+    if key in ("reuse_rate", "stickiness", "conversation_stickiness") or key.endswith("cache_hit_rate"):
         return f"{v * 100:.0f}%"
     if key.startswith("fault"):
         return v if isinstance(v, str) else f"{v:.1f}"
@@ -256,7 +307,7 @@ def _rank_key(key: str, v: Any) -> Any:
     if key.endswith("_ms"):
         s = fmt_ms(v)
         return float(s[:-1]) * 1000 if s.endswith("s") else float(s)
-    if key in ("reuse_rate", "cache_hit_rate", "stickiness"):
+    if key in ("reuse_rate", "stickiness", "conversation_stickiness") or key.endswith("cache_hit_rate"):
         return round(v * 100)
     if key.startswith("fault"):
         return float("inf") if isinstance(v, str) else round(v, 1)  # never: the worst there is
@@ -438,7 +489,8 @@ def compare_dirs(paths: list[Path], *, force: bool = False, names: list[str] | N
             **({"router": router_view(summary)} if summary.get("router") else {}),
         })
     rows = []
-    extra = router_rows(variants)
+    routed = router_rows(variants)
+    extra = routed + group_rows(variants)
     for keys, label, better in ROWS + extra:
         rows.append({"keys": list(keys), "label": label, "better": better,
                      "best": {k: [variants[i]["name"] for i in
@@ -447,7 +499,7 @@ def compare_dirs(paths: list[Path], *, force: bool = False, names: list[str] | N
     legend = [LEGEND_BEST, LEGEND_PHASES, LEGEND_STALE, LEGEND_REUSE]
     if any(var["client"].get("force_close") for var in variants):
         legend.append(LEGEND_FORCE_CLOSE)
-    if extra:
+    if routed:
         legend.append(LEGEND_ROUTER)
     sc0 = datas[0].meta.get("scenario") or {}
     agents = sc0.get("agents") or {}
@@ -458,7 +510,9 @@ def compare_dirs(paths: list[Path], *, force: bool = False, names: list[str] | N
     for var in variants:
         if var["cut_short"]:
             notes.append(f"{var['name']}: the run was cut short; its numbers cover what it recorded")
+    doc_extra = {"routing": routing} if (routing := routing_conclusions(variants)) else {}
     return {
+        **doc_extra,
         "version": COMPARE_VERSION,
         "scenario": sc0.get("source"),
         "description": sc0.get("description", ""),

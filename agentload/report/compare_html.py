@@ -208,6 +208,8 @@ def build_compare_html(doc: dict[str, Any]) -> str:
         "<h2>Side by side</h2>", table_html(doc),
         "<ul class='legend'>" + "".join(f"<li>{_e(x)}</li>" for x in doc["legend"]) + "</ul>",
         ("<ul class='notes'>" + "".join(f"<li>{_e(x)}</li>" for x in doc["notes"]) + "</ul>") if doc["notes"] else "",
+        ("<h2>Routing</h2><ul>" + "".join(f"<li>{_e(x)}</li>" for x in doc["routing"]) + "</ul>")
+        if doc.get("routing") else "",
         "<h2>Verdicts</h2>", verdicts_html(doc),
         "<h2>Phase percentiles</h2>", r["fig-cmp-phases"],
         "<h2>Rounds, errors, connections</h2>", r["fig-cmp-counts"],

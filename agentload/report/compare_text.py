@@ -66,6 +66,8 @@ def render_text(doc: dict[str, Any], width: int = 120, color: bool = False) -> s
         con.print(line, soft_wrap=True)
     for n in doc["notes"]:
         con.print(f"note: {n}", soft_wrap=True)
+    for line in doc.get("routing") or ():
+        con.print(f"routing: {line}", soft_wrap=True)
     con.print("verdicts:")
     for var in doc["variants"]:
         v = var["verdict"]
