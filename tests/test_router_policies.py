@@ -1,4 +1,4 @@
-"""Routing policies compared on a fleet that shares prefixes, through a real smg.
+"""Routing policies compared on a fleet that shares prefixes, through a real smg and a real vllm-router.
 
 `router-prefix-groups-smg` (packaged) starts 4 mock backends with prefix caches and smg in front of
 them, and runs agents of 4 prefix groups. One `agentload compare` over three policies, every agent
@@ -13,15 +13,16 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from helpers import cli
+from helpers import cli, run_scenario
+from routerprocs import skip_reason
 from smgproc import smg_executable
 
-pytestmark = [
-    pytest.mark.smg, pytest.mark.slow,
-    pytest.mark.skipif(smg_executable() is None, reason="the `smg` executable is missing (pip install smg)"),
-]
+pytestmark = [pytest.mark.slow]
+_no_vllm_router = skip_reason("vllm-router", "pip install vllm-router")
 
 
+@pytest.mark.smg
+@pytest.mark.skipif(smg_executable() is None, reason="the `smg` executable is missing (pip install smg)")
 def test_cache_aware_keeps_each_groups_prefix_and_a_routing_key_keeps_each_conversation(tmp_path):
     out = tmp_path / "cmp"
     # a slower prefill than the packaged one: what a cache saves is then far above a loaded machine's noise
@@ -54,3 +55,22 @@ def test_cache_aware_keeps_each_groups_prefix_and_a_routing_key_keeps_each_conve
     text = (out / "compare.txt").read_text()
     assert "prefix group 3: cache hit rate" in text and "routing: kept prefixes together" in text
     assert "kept prefixes together" in (out / "compare.html").read_text()
+
+
+@pytest.mark.vllm_router
+@pytest.mark.skipif(_no_vllm_router is not None, reason=_no_vllm_router or "")
+def test_vllm_router_keeps_each_session_on_one_backend_and_every_request_joins_by_traceparent(tmp_path):
+    """vllm-router's consistent_hash reads X-Session-ID: each conversation on one backend. It forwards
+    `traceparent`, so every backend log line joins its record by trace context (not by request id), and
+    the router's own time per request is reported."""
+    res = run_scenario("router-prefix-groups-vllm-router", tmp_path / "run", [
+        "router.policy=consistent_hash", 'target.session_header="X-Session-ID"', "agents.count=12", "agents.rounds=3"])
+    s = res.summary
+    assert s["verdict"]["kind"] in ("healthy", "client_saturated"), res.text  # (saturated: a loaded machine)
+    router = s["router"]
+    assert router["conversations"]["share"] >= 0.99, router["conversations"]
+    rt = router["router_time"]
+    requests = 12 * 3
+    assert rt["by_traceparent"] >= 0.99 * requests and rt["by_id"] == 0, rt
+    assert rt["all"]["n"] > 0 and rt["all"]["p50_ms"] is not None, rt
+    assert "router's own time" in res.text and "by traceparent" in res.text
