@@ -18,11 +18,10 @@ import sys
 from typing import Any
 
 from bench.ablate import ABLATIONS
+from bench.harness import Server, client, cpus, machine, pct
 
 
 def _one(url: str, conc: int, rounds: int, ablate: list[str], extra: list[str], cpu: str | None, srv: Any) -> dict:
-    from bench.run import client
-
     args = ["--url", url, "--concurrency", str(conc), "--requests", str(rounds)]
     for a in ablate:
         args += ["--ablate", a]
@@ -32,8 +31,6 @@ def _one(url: str, conc: int, rounds: int, ablate: list[str], extra: list[str], 
 
 
 def _summ(runs: list[dict]) -> dict[str, float]:
-    from bench.run import pct
-
     us = [1e6 * r["cpu_s"] / max(r["requests"], 1) for r in runs]
     p99 = [(pct(r["errors_ns"], 0.99) or 0) / 1e6 for r in runs]
     p50 = [(pct(r["errors_ns"], 0.5) or 0) / 1e6 for r in runs]
@@ -43,8 +40,6 @@ def _summ(runs: list[dict]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.run import Server, cpus, machine
-
     ap = argparse.ArgumentParser(prog="python -m bench.ab")
     ap.add_argument("--rows", default="paced:256,burst:64", help="mode:concurrency,...")
     ap.add_argument("--rounds", type=int, default=20)

@@ -35,6 +35,7 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import aiohttp
 import orjson
@@ -67,43 +68,33 @@ def body_of(size: int, api: str = "chat") -> bytes:
     return orjson.dumps(base)
 
 
-async def worker_events(session: aiohttp.ClientSession, url: str, body: bytes, n: int, errors_ns: list[int],
-                        totals: list[int], token_type: str, text_key: str) -> None:
-    """`worker_json` for Messages and Responses streams: named events, each `data:` line parsed."""
-    loads = orjson.loads
-    for _ in range(n):
-        async with session.post(url, data=body) as resp:
-            content = resp.content
-            chunks = 0
-            first = 0
-            stamp = 0
-            rest = b""
-            while True:
-                data = await content.readany()
-                if not data:
-                    break
-                now = _now()
-                events = (rest + data).split(b"\n\n") if rest else data.split(b"\n\n")
-                rest = events.pop()
-                for ev in events:
-                    i = ev.find(b"data: ")
-                    if i < 0:
-                        continue
-                    chunks += 1
-                    obj = loads(ev[i + 6:])
-                    if not first and obj.get("type") == token_type:
-                        d = obj.get("delta")
-                        if (d.get(text_key) if text_key else d):
-                            first = now
-                            stamp = obj.get("mock_sent_ns") or 0
-        totals[0] += 1
-        totals[1] += chunks
-        if first and stamp:
-            errors_ns.append(first - stamp)
+def chat_token(obj: dict) -> bool:
+    """A chat chunk that carries text (not the role-only first chunk, not the usage chunk)."""
+    choices = obj.get("choices")
+    return bool(choices and (choices[0].get("delta") or {}).get("content"))
+
+
+def event_token(token_type: str, text_key: str) -> Callable[[dict], bool]:
+    """The same for a stream of named events (Messages, Responses): an event of `token_type` whose
+    delta carries text (`text_key` in it; "": the delta itself is the text)."""
+
+    def is_token(obj: dict) -> bool:
+        if obj.get("type") != token_type:
+            return False
+        d = obj.get("delta")
+        return bool(d.get(text_key) if text_key else d)
+
+    return is_token
+
+
+TOKEN = {"chat": chat_token, "messages": event_token("content_block_delta", "text"),
+         "responses": event_token("response.output_text.delta", "")}
 
 
 async def worker_json(session: aiohttp.ClientSession, url: str, body: bytes, n: int, errors_ns: list[int],
-                      totals: list[int]) -> None:
+                      totals: list[int], is_token: Callable[[dict], bool] = chat_token) -> None:
+    """The baseline: events split and every `data:` line parsed (chat's chunks, or the named
+    events of Messages and Responses: `is_token` tells the first token)."""
     loads = orjson.loads
     for _ in range(n):
         async with session.post(url, data=body) as resp:
@@ -120,18 +111,17 @@ async def worker_json(session: aiohttp.ClientSession, url: str, body: bytes, n: 
                 events = (rest + data).split(b"\n\n") if rest else data.split(b"\n\n")
                 rest = events.pop()
                 for ev in events:
-                    if not ev.startswith(b"data: "):
+                    i = ev.find(b"data: ")  # chat: at 0; a named event: after its `event:` line
+                    if i < 0:
                         continue
                     chunks += 1
-                    payload = ev[6:]
+                    payload = ev[i + 6:]
                     if payload == b"[DONE]":
                         continue
                     obj = loads(payload)
-                    if not first:
-                        choices = obj.get("choices")
-                        if choices and (choices[0].get("delta") or {}).get("content"):
-                            first = now
-                            stamp = obj.get("mock_sent_ns") or 0
+                    if not first and is_token(obj):
+                        first = now
+                        stamp = obj.get("mock_sent_ns") or 0
         totals[0] += 1
         totals[1] += chunks
         if first and stamp:
@@ -175,13 +165,10 @@ async def main_async(url: str, concurrency: int, requests: int, body_bytes: int,
         totals = [0, 0]
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
-        fn = worker_json if parse == "json" else worker
-        extra: tuple = ()
-        if api != "chat" and parse == "json":
-            fn = worker_events
-            extra = ("content_block_delta", "text") if api == "messages" else ("response.output_text.delta", "")
         path = {"chat": "/chat/completions", "messages": "/messages", "responses": "/responses"}[api]
-        await asyncio.gather(*(fn(session, url.rstrip("/") + path, body, requests, errors_ns, totals, *extra)
+        await asyncio.gather(*(worker_json(session, url.rstrip("/") + path, body, requests, errors_ns, totals,
+                                           TOKEN[api]) if parse == "json"
+                               else worker(session, url.rstrip("/") + path, body, requests, errors_ns, totals)
                                for _ in range(concurrency)))
         wall = time.perf_counter() - t0
         r1 = resource.getrusage(resource.RUSAGE_SELF)

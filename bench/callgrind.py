@@ -44,7 +44,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.run import Server, cpus, machine
+from bench.harness import REPO, Server, bench_env, cpus, machine, pinned
 
 
 def read_summary(path: Path) -> dict[str, int]:
@@ -118,14 +118,12 @@ def _callgrind(cmd: list[str], out: Path, cpu: str | None, cache_sim: bool,
     import subprocess
     import time
 
-    from bench.run import REPO, _env, _pinned
-
     vg = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
     if cache_sim:
         vg += ["--cache-sim=yes", "--branch-sim=yes"]
     t0 = time.perf_counter()
-    p = subprocess.run(_pinned(vg + cmd, cpu), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, env=_env(), cwd=REPO, timeout=timeout_s, check=False)
+    p = subprocess.run(pinned(vg + cmd, cpu), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, env=bench_env(), cwd=REPO, timeout=timeout_s, check=False)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} under callgrind failed ({p.returncode}): "

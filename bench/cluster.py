@@ -28,19 +28,15 @@ from pathlib import Path
 
 import orjson
 
-REPO = Path(__file__).resolve().parents[1]
+from bench.harness import REPO, cpu_s, descendants
 
 
 def _tree_cpu_sampler(pid: int, seen: dict[int, float], stop: "threading.Event") -> None:
     """Every 50 ms: utime+stime of pid and each descendant, the last value per pid kept."""
-    from bench.peers import _TICK, _descendants
-
     while not stop.is_set():
-        for p in _descendants(pid):
+        for p in descendants(pid):
             try:
-                with open(f"/proc/{p}/stat", "rb") as f:
-                    rest = f.read().rsplit(b")", 1)[1].split()
-                seen[p] = (int(rest[11]) + int(rest[12])) / _TICK
+                seen[p] = cpu_s(p)
             except (OSError, IndexError, ValueError):
                 pass
         stop.wait(0.05)

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.run import REPO, Server, _env, _pinned, cpus
+from bench.harness import REPO, Server, bench_env, cpus, pinned
 
 WINDOW = (7.0, 22.0)  # seconds after start: after the first requests, before the tool call ends (25 s)
 
@@ -40,12 +40,12 @@ def _cpu_s(pid: int) -> float:
 def one(url: str, cpu: str | None, code: Path | None = None) -> float:
     """ms of CPU a second over the idle window of one run."""
     with tempfile.TemporaryDirectory(prefix="agentload-idle-") as tmp:
-        cmd = _pinned([sys.executable, "-m", "agentload", "run", str(REPO / "bench" / "bench.toml"),
+        cmd = pinned([sys.executable, "-m", "agentload", "run", str(REPO / "bench" / "bench.toml"),
                        "--endpoint", url, "--no-live", "--out", str(Path(tmp) / "run"),
                        "--set", "agents.count=8", "--set", "agents.rounds=2",
                        "--set", "conversation.tool_latency_ms=25000"], cpu)
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             env=_env(code), cwd=code or REPO)
+                             env=bench_env(code), cwd=code or REPO)
         try:
             t0 = time.monotonic()
             time.sleep(WINDOW[0])

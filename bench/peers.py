@@ -57,8 +57,9 @@ from typing import Any
 
 import orjson
 
+from bench.harness import REPO, Server, pinned, took, tree_cpu
+
 CACHE = Path(os.environ.get("AGENTLOAD_BENCH_CACHE") or Path.home() / ".cache" / "agentload-bench")
-REPO = Path(__file__).resolve().parents[1]
 POLL_S = 0.05
 NOT_INSTALLED = "not installed (python -m bench.run --install-peers)"
 
@@ -306,51 +307,6 @@ def own_jobs(url: str, conc: int, rounds: int, body_bytes: int, out: Path) -> li
 
 # ---------------------------------------------------------------- measuring
 
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _proc_cpu(pid: int) -> float:
-    """utime + stime + cutime + cstime of one process (its reaped children included), seconds."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        rest = f.read().rsplit(b")", 1)[1].split()
-    return (int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])) / _TICK
-
-
-def _descendants(pid: int) -> list[int]:
-    """pid and its descendants, from /proc/<pid>/task/<tid>/children (psutil where that is missing)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for tid in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{tid}/children", "rb") as f:
-                    todo.extend(int(c) for c in f.read().split())
-        except FileNotFoundError:
-            if p == pid and not os.path.exists(f"/proc/{p}/task/{p}/children") and os.path.exists(f"/proc/{p}"):
-                import psutil
-
-                try:
-                    return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
-                except psutil.Error:
-                    return [pid]
-        except (OSError, ValueError):
-            pass
-    return out
-
-
-def tree_cpu(pid: int) -> float:
-    """CPU seconds of a process and all its descendants (a child that exited and was reaped is in
-    its parent's cutime/cstime, so the sum does not drop when one goes)."""
-    total = 0.0
-    for p in _descendants(pid):
-        try:
-            total += _proc_cpu(p)
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
 def _stats(base: str, path: str = "/bench/stats") -> dict[str, int]:
     from agentload.process import http_get
 
@@ -412,7 +368,6 @@ class Measured:
 def measure(job: Job, mode: str, conc: int, requests: int, base: str, cpu: str | None, out: Path,
             timeout_s: float, rep: int = 1) -> Measured:
     from agentload.process import ChildProcess
-    from bench.run import _pinned
 
     m = Measured(job.name, mode, conc, requests, note=job.note)
     _stats(base, "/bench/reset")
@@ -428,7 +383,7 @@ def measure(job: Job, mode: str, conc: int, requests: int, base: str, cpu: str |
     samples: list[tuple[float, dict[str, int], float]] = []
     t0 = time.monotonic()
     with open(log, "wb") as f:
-        child = ChildProcess.start(_pinned(job.cmd, cpu), name=job.name, env=env, cwd=str(out), stdout=f,
+        child = ChildProcess.start(pinned(job.cmd, cpu), name=job.name, env=env, cwd=str(out), stdout=f,
                                    stderr=subprocess.STDOUT, die_with_parent=True)
         try:
             while True:
@@ -524,7 +479,6 @@ def render(rows: list[Measured | tuple[str, str, int, str]]) -> str:
 
 def run_peers(a: Any, srv_cpu: str | None, cli_cpu: str | None) -> list[dict[str, Any]]:
     from bench.agentload_client import mean_body_bytes
-    from bench.run import Server, _took
 
     t_start = time.monotonic()
     concs = [int(c) for c in str(a.peer_conc).split(",") if c.strip()]
@@ -581,10 +535,10 @@ def run_peers(a: Any, srv_cpu: str | None, cli_cpu: str | None) -> list[dict[str
     finally:
         if harness_cpu is not None:
             os.sched_setaffinity(0, harness_cpu)
-    took = time.monotonic() - t_start
+    spent = time.monotonic() - t_start
     print()
     print(render(rows))
-    print(f"peers: took {_took(took)}; 'agentload x' = agentload's req/s/core / the row's; streams = the most "
+    print(f"peers: took {took(spent)}; 'agentload x' = agentload's req/s/core / the row's; streams = the most "
           f"in progress at once at the server / the mean over the window; CPU outside = the client's CPU seconds "
           f"before and after its active window (start-up, report)", flush=True)
     return [r.as_dict() if isinstance(r, Measured) else {"mode": r[0], "client": r[1], "concurrency": r[2],

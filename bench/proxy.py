@@ -22,7 +22,6 @@ Figures, measured in the same repetition:
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
@@ -33,34 +32,13 @@ from pathlib import Path
 import orjson
 
 from agentload.process import ChildProcess
-
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
-
-
-def _cpu_s(pid: int) -> float:
-    """utime + stime of a process so far (its threads included), seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    v = sorted(values)
-    return v[min(len(v) - 1, int(q / 100 * len(v)))]
-
+from bench.harness import REPO, bench_env, cpu_s, pct
 
 def _client(url: str, streams: int, rounds: int, out: Path) -> dict:
     res = out.with_suffix(".json")
     subprocess.run([sys.executable, "-m", "bench.agentload_client", "--url", url, "--concurrency", str(streams),
                     "--requests", str(rounds), "--out", str(out), "--result", str(res)],
-                   check=True, cwd=REPO, env=_env(), timeout=600, stdout=subprocess.DEVNULL)
+                   check=True, cwd=REPO, env=bench_env(), timeout=600, stdout=subprocess.DEVNULL)
     return orjson.loads(res.read_bytes())
 
 
@@ -80,13 +58,13 @@ def one_rep(server_url: str, streams: int, rounds: int, tmp: Path, rep: int) -> 
     cmd = [sys.executable, "-m", "agentload.cli", "proxy", "--upstream", server_url, "--port", "0",
            "--out", str(proxy_dir), "--no-live", "--fail-on", "never", "bench/bench.toml",
            "--set", f"client.limit={streams}"]
-    proxy = ChildProcess.start(cmd, name="agentload proxy", env=_env(), cwd=REPO, stderr=subprocess.STDOUT)
+    proxy = ChildProcess.start(cmd, name="agentload proxy", env=bench_env(), cwd=REPO, stderr=subprocess.STDOUT)
     try:
         line = proxy.wait_line("agentload proxy: listening on", 60)
         port = int(line.split("http://127.0.0.1:", 1)[1].split()[0])
-        cpu0 = _cpu_s(proxy.pid)
+        cpu0 = cpu_s(proxy.pid)
         through = _client(f"http://127.0.0.1:{port}/v1", streams, rounds, tmp / f"through-{rep}")
-        cpu1 = _cpu_s(proxy.pid)
+        cpu1 = cpu_s(proxy.pid)
     finally:
         proxy.send_signal(signal.SIGINT)
         proxy.wait_exit(120)
@@ -96,9 +74,9 @@ def one_rep(server_url: str, streams: int, rounds: int, tmp: Path, rep: int) -> 
              for r in recs if "down_first_token" in r["t"]]
     return {
         "requests": len(recs),
-        "added_p50_ms": _pct(added, 50), "added_p99_ms": _pct(added, 99),
-        "ttft_direct": (_pct(_ttft_ms(tmp / f"direct-{rep}"), 50), _pct(_ttft_ms(tmp / f"direct-{rep}"), 99)),
-        "ttft_through": (_pct(_ttft_ms(tmp / f"through-{rep}"), 50), _pct(_ttft_ms(tmp / f"through-{rep}"), 99)),
+        "added_p50_ms": pct(added, 0.50), "added_p99_ms": pct(added, 0.99),
+        "ttft_direct": (pct(_ttft_ms(tmp / f"direct-{rep}"), 0.50), pct(_ttft_ms(tmp / f"direct-{rep}"), 0.99)),
+        "ttft_through": (pct(_ttft_ms(tmp / f"through-{rep}"), 0.50), pct(_ttft_ms(tmp / f"through-{rep}"), 0.99)),
         "proxy_cpu_us": (cpu1 - cpu0) / max(1, len(recs)) * 1e6,
         "client_cpu_us": direct["cpu_s"] / max(1, direct["requests"]) * 1e6,
         "through_failed": through["failed"],
@@ -120,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     server = ChildProcess.start([sys.executable, "-m", "bench.server", "--port", "0", "--ttft-ms", str(a.ttft_ms),
                                  "--chunks", str(a.chunks), "--interval-ms", str(a.interval_ms)],
-                                name="bench server", env=_env(), cwd=REPO)
+                                name="bench server", env=bench_env(), cwd=REPO)
     rows = []
     try:
         port = int(server.wait_line("BENCH_SERVER_LISTENING", 30).split("port=", 1)[1].split()[0])

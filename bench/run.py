@@ -29,110 +29,17 @@ No speed threshold is asserted anywhere: the numbers are printed, docs/performan
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
 
 from agentload.atomic import write_atomic
-from agentload.process import ChildProcess, NotReady
-
-REPO = Path(__file__).resolve().parents[1]
-READY = "BENCH_SERVER_LISTENING"
-
-
-def cpus() -> tuple[str | None, str | None]:
-    """taskset CPU lists for the server and the client, or None where pinning is not possible."""
-    n = os.cpu_count() or 1
-    if n < 2 or shutil.which("taskset") is None:
-        return None, None
-    try:
-        allowed = sorted(os.sched_getaffinity(0))
-    except AttributeError:
-        allowed = list(range(n))
-    if len(allowed) < 2:
-        return None, None
-    return str(allowed[0]), ",".join(str(c) for c in allowed[1:])
-
-
-def _pinned(cmd: list[str], cpu: str | None) -> list[str]:
-    return (["taskset", "-c", cpu] + cmd) if cpu is not None else cmd
-
-
-def _env(code: Path | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (code, REPO, env.get("PYTHONPATH")) if p)
-    return env
-
-
-class Server:
-    """bench/server.py as a child process (agentload.process.ChildProcess); its stdin is a
-    lifeline (EOF: it exits)."""
-
-    def __init__(self, cpu: str | None, ttft_ms: float, chunks: int, interval_ms: float, timeout_s: float = 15.0):
-        cmd = _pinned([sys.executable, "-m", "bench.server", "--port", "0", "--ttft-ms", str(ttft_ms),
-                       "--chunks", str(chunks), "--interval-ms", str(interval_ms)], cpu)
-        self.child = ChildProcess.start(cmd, name="bench server", env=_env(), cwd=REPO, lifeline=True,
-                                        stderr=subprocess.DEVNULL)
-        try:
-            self.port = int(self.child.wait_line(READY + " port=", timeout_s).split("port=")[1])
-        except BaseException as e:
-            self.stop()
-            if isinstance(e, NotReady):
-                raise RuntimeError("bench server did not start") from None
-            raise
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.ps = psutil.Process(self.child.pid)
-
-    def cpu_s(self) -> float:
-        t = self.ps.cpu_times()
-        return t.user + t.system
-
-    def stop(self) -> None:
-        self.child.stop(grace_s=5)
-
-    def __enter__(self) -> "Server":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-
-def client(module: str, args: list[str], cpu: str | None, timeout_s: float, server: Server,
-           code: Path | None = None) -> dict[str, Any]:
-    """Run one benchmark client (bench.baseline or bench.agentload_client) to its end and return
-    its result. The result goes through a file (`--result`), read whole after the child exits: at
-    512 streams x 40 requests it holds 20,480 timing errors, a few hundred KB, and a line read
-    from a pipe must not be where it gets cut. `code`: a folder holding another copy of the
-    agentload package, imported instead of this one (the client runs there; bench/ is this one)."""
-    with tempfile.TemporaryDirectory(prefix="agentload-bench-result-") as tmp:
-        result = Path(tmp) / "result.json"
-        cmd = _pinned([sys.executable, "-m", module, *args, "--result", str(result)], cpu)
-        s0, t0 = server.cpu_s(), time.perf_counter()
-        p = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           env=_env(code), cwd=code or REPO, timeout=timeout_s, check=False)
-        s1, t1 = server.cpu_s(), time.perf_counter()
-        err = p.stderr.decode(errors="replace")[-2000:]
-        if p.returncode != 0:
-            raise RuntimeError(f"{module} failed ({p.returncode}): {err}")
-        try:
-            res = orjson.loads(result.read_bytes())
-        except (OSError, orjson.JSONDecodeError) as e:
-            raise RuntimeError(f"{module} exited 0 but left no readable result ({e}): {err}") from None
-    # the server's CPU over the client's whole process lifetime (its load window is a bit shorter)
-    res["server_cpu"] = (s1 - s0) / max(t1 - t0, 1e-9)
-    return res
-
+from bench.harness import Server, client, cpus, machine, pct, took
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Of several runs of one client, the one with the median requests per CPU-second (all its
@@ -143,13 +50,6 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if len(runs) > 1:
         best["reps_per_core"] = [round(x) for x in per_core]
     return best
-
-
-def pct(values: list[int], q: float) -> float | None:
-    if not values:
-        return None
-    v = sorted(values)
-    return float(v[min(len(v) - 1, int(q * len(v)))])
 
 
 @dataclass
@@ -194,10 +94,6 @@ class Row:
         return d
 
 
-def _took(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
-
-
 def _f(v: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if v is None else fmt.format(v)
 
@@ -233,27 +129,6 @@ def render(rows: list[Row]) -> str:
         if k == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)
-
-
-def machine() -> str:
-    model = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import aiohttp
-
-    try:
-        import uvloop
-
-        uv = uvloop.__version__
-    except ImportError:
-        uv = "none"
-    return (f"{os.cpu_count()} CPUs, {model or 'unknown CPU'}; Python {platform.python_version()}, "
-            f"aiohttp {aiohttp.__version__}, uvloop {uv}; {platform.platform()}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         write_atomic(a.json, orjson.dumps({"machine": machine(), "rows": [r.as_dict() for r in rows],
                                            "scale": scale, "peers": peers}, option=orjson.OPT_INDENT_2))
-    print(f"\nbench: took {_took(time.monotonic() - t_start)}")
+    print(f"\nbench: took {took(time.monotonic() - t_start)}")
     return 0
 
 

@@ -18,6 +18,8 @@ import argparse
 import sys
 from typing import Any
 
+from bench.harness import Server, client, cpus, machine, pct
+
 
 def scale_overrides(agents: int, rounds: int, rate: float, request_s: float) -> tuple[list[str], float]:
     think = max(0.1, agents / rate - request_s)
@@ -28,8 +30,6 @@ def scale_overrides(agents: int, rounds: int, rate: float, request_s: float) -> 
 
 
 def run_scale(a: Any, srv_cpu: str | None, cli_cpu: str | None) -> dict[str, Any]:
-    from bench.run import Server, client, pct
-
     chunks = a.scale_chunks
     request_s = (a.ttft_ms + chunks * a.interval_ms) / 1000.0
     sets, think = scale_overrides(a.scale_agents, a.scale_rounds, a.scale_rate, request_s)
@@ -69,8 +69,6 @@ def run_scale(a: Any, srv_cpu: str | None, cli_cpu: str | None) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.run import cpus, machine
-
     ap = argparse.ArgumentParser(prog="python -m bench.scale")
     ap.add_argument("--agents", dest="scale_agents", type=int, default=10_000)
     ap.add_argument("--rounds", dest="scale_rounds", type=int, default=20)

@@ -3,8 +3,13 @@
     cli -> compare -> run path -> records <- analysis <- report;  mock stands apart.
 
 Each package may import only the layers listed for it in ALLOWED (and the leaf modules errors,
-redact, tokens, validate, atomic, process); an import circle anywhere in agentload/ fails too. Reads the source with ast:
-imports under `if TYPE_CHECKING:` count as well, since they show what a module depends on.
+redact, tokens, validate, atomic, process); an import circle anywhere in agentload/ fails too. bench/
+(the benchmark, a small library of its own) may import agentload, never the reverse, and has no circle
+either. Reads the source with ast: imports under `if TYPE_CHECKING:` count as well, since they show
+what a module depends on.
+
+The sizes stay readable: no module in agentload/ over MAX_MODULE_LINES unless its docstring says why
+("Over 600 lines because ..."), no function over MAX_FUNCTION_LINES in run/, analysis/, cluster/.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from pathlib import Path
 from helpers import REPO
 
 PKG = REPO / "agentload"
+BENCH = REPO / "bench"
 LEAVES = {"agentload", "agentload.errors", "agentload.redact", "agentload.tokens", "agentload.validate",
           "agentload.atomic", "agentload.process", "agentload.endpoint"}
 # layer -> the layers it may import (besides itself and the leaves)
@@ -34,9 +40,9 @@ ALLOWED = {
 }
 
 
-def modules() -> dict[str, Path]:
+def modules(root: Path = PKG) -> dict[str, Path]:
     out = {}
-    for p in PKG.rglob("*.py"):
+    for p in root.rglob("*.py"):
         m = ".".join(p.relative_to(REPO).with_suffix("").parts)
         out[m.removesuffix(".__init__")] = p
     return out
@@ -70,13 +76,16 @@ def imports(mod: str, path: Path, known: set[str]) -> set[str]:
 
 
 def graph() -> dict[str, set[str]]:
-    mods = modules()
+    """agentload's modules and bench's, each with the modules of either it imports."""
+    mods = modules() | modules(BENCH)
     return {m: imports(m, p, set(mods)) for m, p in mods.items()}
 
 
 def test_every_import_points_down_the_layers():
     bad = []
     for m, deps in graph().items():
+        if m.split(".")[0] != "agentload":
+            continue
         lm = layer(m)
         if lm == "leaf":
             continue
@@ -87,7 +96,17 @@ def test_every_import_points_down_the_layers():
     assert not bad, "\n".join(sorted(bad))
 
 
+def test_bench_imports_agentload_never_the_reverse():
+    g = graph()
+    bench_deps = {d for m, deps in g.items() if m.split(".")[0] == "bench" for d in deps}
+    assert any(d.split(".")[0] == "agentload" for d in bench_deps)  # the graph does see bench's imports
+    bad = [f"{m} imports {d}" for m, deps in g.items() if m.split(".")[0] == "agentload"
+           for d in deps if d.split(".")[0] == "bench"]
+    assert not bad, "\n".join(sorted(bad))
+
+
 def test_no_import_circles():
+    """In agentload/ and bench/ (one graph: an arrow from agentload to bench is refused above)."""
     g = graph()
     index: dict[str, int] = {}
     low: dict[str, int] = {}
