@@ -198,7 +198,9 @@ def routing_conclusions(variants: list[dict[str, Any]]) -> list[str]:
     balanced = [x for x in ms if x[1].get("imbalance") is not None]
     if len(balanced) >= 2:
         best = min(balanced, key=lambda x: x[1]["imbalance"])
-        f2 = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        def f2(v: float | None) -> str:
+            return "-" if v is None else f"{v:.2f}"
+
         out.append(f"balanced load: {best[0]} (imbalance {f2(best[1]['imbalance'])}: the busiest backend's share x "
                    f"backends, 1.00 = even; {others('imbalance', best[0], f2)})")
     return out
