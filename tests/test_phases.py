@@ -31,11 +31,11 @@ def test_every_derived_list_comes_from_the_table_in_its_order():
 
 def test_the_consumers_read_the_table():
     from agentload.analysis import compare, target_evidence
-    from agentload.report import html, timeline
+    from agentload.report import figures, timeline
 
     assert timeline.REQUEST_PHASES == PHASES
     assert compare.PHASE_ROWS == ph.COMPARE_PHASES
-    assert all(html.COLORS[p.name] == p.color and html.LABELS[p.name] == p.label for p in ph.TABLE)
+    assert all(figures.COLORS[p.name] == p.color and figures.LABELS[p.name] == p.label for p in ph.TABLE)
     assert set(target_evidence._WAIT) == set(ph.SERVER_PHASES)
     assert not hasattr(timeline, "TIMELINE_KINDS")
 

@@ -18,6 +18,14 @@ _PHASE_COLS = REPORT_PHASES
 _ms = fmt_ms
 
 
+def round_label(r: dict[str, Any]) -> Any:
+    """A per-round row's label: its round, or a band's 'first-last' (a long run)."""
+    if "round" in r:
+        return r["round"]
+    lo, hi = r["rounds"]
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
 def _cell(ph: dict | None) -> str:
     if not ph:
         return "-"
@@ -25,12 +33,25 @@ def _cell(ph: dict | None) -> str:
 
 
 def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> str:
+    """The report: the verdict and every other finding, the run and its settings, the per-round
+    table, the router section (a fleet behind a router), the warnings."""
     buf = io.StringIO()
     con = Console(file=buf, width=width, force_terminal=color, color_system="standard" if color else None,
                   no_color=not color, highlight=False, emoji=False, soft_wrap=False)
-    v = summary.get("verdict") or {}
-    run = summary["run"]
-    tot = summary["totals"]
+    _verdict(con, summary.get("verdict") or {})
+    con.print()
+    _run(con, summary)
+    _settings(con, summary)
+    _measurement(con, summary)
+    con.print(_rounds_table(summary))
+    if summary.get("router"):
+        render_router(con, summary["router"])
+    for w in summary.get("warnings", []):
+        con.print(f"warning: {w}", soft_wrap=True, markup=False)
+    return buf.getvalue()
+
+
+def _verdict(con: Console, v: dict[str, Any]) -> None:
     # The verdict and its evidence are never wrapped: one line each, greppable.
     con.print(f"VERDICT [{v.get('kind', '?')}] {v.get('summary', '')}", soft_wrap=True, markup=False)
     for e in v.get("evidence", []):
@@ -39,7 +60,12 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
         con.print(f"ALSO [{sec['kind']}] {sec['summary']}", soft_wrap=True, markup=False)
         for e in sec.get("evidence", []):
             con.print(f"  - {e}", soft_wrap=True, markup=False)
-    con.print()
+
+
+def _run(con: Console, summary: dict[str, Any]) -> None:
+    """What ran against what (or the harness a proxy followed), and the totals."""
+    run = summary["run"]
+    tot = summary["totals"]
     state = "cut short: " + (run.get("stop_reason") or "") if run.get("cut_short") else "ended normally"
     proxy = run.get("proxy")
     if proxy:  # a harness's own traffic: its conversations are the "agents", its model its own
@@ -60,6 +86,12 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
               f"errors {tot['errors']}  stalled {tot['stalled']} (given up {tot.get('given_up', 0)})  "
               f"cut short {tot['cut_short']}  "
               f"rounds completed {tot['rounds_completed']}  canaries {tot['canaries_ok']}/{tot['canaries']} ok")
+
+
+def _settings(con: Console, summary: dict[str, Any]) -> None:
+    """The client pool and its connections, the timeouts and stall detection, the retries, the
+    prefix groups."""
+    run = summary["run"]
     c = run.get("client", {})
     s = run.get("stall", {})
     con.print(f"client pool: limit={c.get('limit')} limit_per_host={c.get('limit_per_host')} "
@@ -82,6 +114,11 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
         ttft = "-" if x.get("ttft_p50_ms") is None else f"{x['ttft_p50_ms']:.1f} / {x['ttft_p99_ms']:.1f} ms"
         con.print(f"prefix group {g}: {x['agents']} agents, {x['completed']}/{x['requests']} requests completed, "
                   f"cache hit rate {hit}, time to first token p50 / p99 {ttft}", soft_wrap=True, markup=False)
+
+
+def _measurement(con: Console, summary: dict[str, Any]) -> None:
+    """Where latency is measured from, how late agentload was, the target's own metrics."""
+    run = summary["run"]
     late = run.get("start_late_ms")
     con.print(f"latency measured from {run.get('latency_from')}"
               + (f" (starts late by p50 {late['p50']:.1f} / p99 {late['p99']:.1f} ms)" if late else ""),
@@ -97,6 +134,11 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
         con.print(f"target metrics {url}: {st['ok']} scrapes ok, {st['failed']} failed, {st['series']} series"
                   + (f" (e.g. {st['errors'][0]})" if st.get("errors") else "") + " -> target_metrics.jsonl",
                   soft_wrap=True, markup=False)
+
+
+def _rounds_table(summary: dict[str, Any]) -> Table:
+    """p50 / p99 of each phase per round (later rounds of a long run in bands), then all rounds."""
+    tot = summary["totals"]
     rows = summary.get("round_bands") or summary["rounds"]  # a long run: later rounds in bands
     thin = any(r.get("thin") for r in rows)
     title = "per round: p50 / p99 ms" + ("  (* fewer than 10 completed: p99 is about the max)" if thin else "")
@@ -109,19 +151,12 @@ def render(summary: dict[str, Any], width: int = 120, color: bool = False) -> st
     for p in _PHASE_COLS:
         table.add_column(p, justify="right")
     for r in rows:
-        label = str(r["round"]) if "round" in r else (
-            str(r["rounds"][0]) if r["rounds"][0] == r["rounds"][1] else f"{r['rounds'][0]}-{r['rounds'][1]}")
-        table.add_row(f"{label}{'*' if r.get('thin') else ''}", str(r["requests"]), str(r["completed"]), str(r["errors"]),
+        table.add_row(f"{round_label(r)}{'*' if r.get('thin') else ''}", str(r["requests"]), str(r["completed"]), str(r["errors"]),
                       str(r["stalled"]), *(_cell(r["phases"].get(p)) for p in _PHASE_COLS))
     if summary["rounds"]:
         table.add_row("all", str(tot["requests"]), str(tot["completed"]), str(tot["errors"]),
                       str(tot["stalled"]), *(_cell(summary["phases"].get(p)) for p in _PHASE_COLS))
-    con.print(table)
-    if summary.get("router"):
-        render_router(con, summary["router"])
-    for w in summary.get("warnings", []):
-        con.print(f"warning: {w}", soft_wrap=True, markup=False)
-    return buf.getvalue()
+    return table
 
 
 # ---------------------------------------------------------------- the router section
@@ -278,9 +313,7 @@ def render_router(con: Console, r: dict[str, Any]) -> None:
         for col in ("round", "req", "cache hit", "reporting", "first token p50 / p90 ms"):
             t.add_column(col, justify="right")
         for x in rows:
-            label = str(x["round"]) if "round" in x else (
-                str(x["rounds"][0]) if x["rounds"][0] == x["rounds"][1] else f"{x['rounds'][0]}-{x['rounds'][1]}")
-            t.add_row(label, str(x["requests"]), _pct(x["cache_hit_rate"]), str(x["reporting_cache"]),
+            t.add_row(str(round_label(x)), str(x["requests"]), _pct(x["cache_hit_rate"]), str(x["reporting_cache"]),
                       _ttft_cell(x.get("time_to_first_token")))
         t.add_row("all", str(sum(x["requests"] for x in r.get("rounds", []))), _pct(r.get("cache_hit_rate")),
                   str(r.get("cache_reporting", 0)), _ttft_cell(r.get("time_to_first_token")))
