@@ -11,6 +11,7 @@ import sys
 import tomllib
 import zipfile
 
+import orjson
 import pytest
 
 from helpers import REPO, cli
@@ -80,4 +81,11 @@ def test_the_wheel_carries_the_licence_and_the_scenarios_and_runs_installed(tmp_
     p = installed("run", "demo", "--no-live", "--set", "agents.count=2", "--set", "agents.rounds=2",
                   "--out", str(elsewhere / "run"))
     assert p.returncode == 0 and p.stdout.startswith("VERDICT [healthy]"), p.stdout + p.stderr
-    assert (elsewhere / "run" / "report.html").is_file()
+    # the run folder, written by the installed package from its packaged scenario and embedded mock
+    run = elsewhere / "run"
+    assert {"run.json", "records.jsonl", "summary.json", "report.txt", "report.html"} <= {f.name for f in run.iterdir()}
+    meta = orjson.loads((run / "run.json").read_bytes())
+    assert meta["version"] == agentload.__version__ and meta["embedded_mock"] is True and meta["ended_normally"]
+    agents = [r for r in map(orjson.loads, (run / "records.jsonl").read_bytes().splitlines()) if r["kind"] == "agent"]
+    assert len(agents) == 2 * 2 and all(r["outcome"] == "ok" for r in agents)
+    assert "scenario demo.toml (packaged)" in (run / "report.txt").read_text()
