@@ -2,12 +2,12 @@
 
 The one path `run`, `compare` and the tests share: check what can be checked before any
 traffic (the run folder is new or empty and writable, every secret the target names is set in
-the environment), start the mock (a separate process), execute, stop the mock, write every report.
+the environment), start the mock (a separate process), prepare the run, carry it out with the executor
+the placement asks for (`agentload.run.executor`), stop the mock, write every report.
 """
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +17,8 @@ from agentload.endpoint import _VERSION_PART, without_version_hint
 from agentload.errors import UserError
 from agentload.redact import env_secrets, register_target, secret_field
 from agentload.report.build import write_reports
-from agentload.run.runner import RunOutcome, execute, use_uvloop
+from agentload.run.executor import Executor, RunOutcome, prepare
+from agentload.run.runner import InProcess, OneShard
 from agentload.run.scenario import Scenario
 
 
@@ -36,29 +37,18 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
     processes (agentload.cluster.processes), against one embedded mock shared by all of them. With `ray`
     (an address, "auto" or "local") the agents run in `shards` Ray actors (agentload.cluster.ray);
     with `shard` (I, N) only this process's share of the agents runs (`agentload merge` joins them)."""
-    from agentload.run.live import LiveLine
     from agentload.mock.process import MockProcess
 
     if ray is None and shard is None and workers == 1 and sc.cluster.engine == "ray":
         ray = sc.cluster.address  # [cluster] engine = "ray" (--ray on the command line wins)
         shards = shards if shards is not None else sc.cluster.shard_count(sc.agents.count)
-    if workers > 1 and sc.fleet.enabled:
-        raise UserError(f"{sc.source}: [fleet] runs in one process: leave out --workers")
-    if ray is not None:
-        if workers > 1 or shard is not None:
-            raise UserError("--ray: leave out --workers and --shard (Ray places the shards)")
-        if sc.target.endpoint is None:
-            raise UserError(f"{sc.source}: --ray needs [target] endpoint (--endpoint URL): the embedded mock "
-                            f"serves one machine only")
-        if sc.fleet.enabled:
-            raise UserError(f"{sc.source}: [fleet] runs in one process: leave out --ray")
+    check_placement(sc, workers, ray, shard)
     check_secrets(sc)
     prepare_run_dir(run_dir)
     hint = endpoint_hint(sc.target.endpoint, sc.target.api)
     if hint:
         log(f"agentload: warning: {hint}")
     mock = None
-    view = None
     fleet = schedule = None
     extra_meta: dict[str, Any] = {}
     try:
@@ -72,29 +62,12 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
         else:
             base_url = sc.target.endpoint
         log(f"agentload: running {sc.source} against {base_url}{' (embedded mock)' if mock else ''} -> {run_dir}")
-        if ray is not None:
-            from agentload.cluster.ray import run_ray
-
-            outcome = run_ray(sc, run_dir, base_url, ray, shards or sc.cluster.shard_count(sc.agents.count),
-                              install_signals=install_signals, live=live, log=log, metrics_port=metrics_port,
-                              cpus_per_shard=sc.cluster.cpus_per_shard)
-        elif workers > 1:
-            from agentload.cluster.processes import run_workers
-
-            outcome = run_workers(sc, run_dir, base_url, workers, embedded_mock=mock is not None,
-                                  exporter=None if metrics_port is None else _shards_exporter(metrics_port, log),
-                                  install_signals=install_signals, live=live, log=log)
-        else:
-            use_uvloop()
-            view = LiveLine(run_dir=str(run_dir)) if live else None  # its clock starts with the run
-            outcome = asyncio.run(execute(
-                sc, run_dir, base_url, embedded_mock=mock is not None, on_tick=view,
-                install_signals=install_signals, metrics_port=metrics_port, extra_meta=extra_meta,
-                on_started=(lambda meta: schedule.start(meta["t0_ns"])) if schedule is not None else None,
-                shard=shard))
+        on_started = (lambda meta: schedule.start(meta["t0_ns"])) if schedule is not None else None
+        executor = choose_executor(sc, workers, ray, shards, shard, InProcess(on_started=on_started))
+        run = prepare(sc, run_dir, base_url, embedded_mock=mock is not None, extra_meta=extra_meta,
+                      install_signals=install_signals, live=live, metrics_port=metrics_port, log=log)
+        outcome = executor.execute(run)
     finally:
-        if view is not None:
-            view.close()
         if schedule is not None:
             schedule.stop()
             note_schedule_failures(run_dir)
@@ -104,6 +77,36 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
             mock.stop()
     summary, text = write_reports(run_dir)
     return Launched(outcome, summary, text)
+
+
+def check_placement(sc: Scenario, workers: int, ray: str | None, shard: tuple[int, int] | None) -> None:
+    """Where the agents may run: a fleet in one process, Ray with an endpoint and on its own."""
+    if workers > 1 and sc.fleet.enabled:
+        raise UserError(f"{sc.source}: [fleet] runs in one process: leave out --workers")
+    if ray is not None:
+        if workers > 1 or shard is not None:
+            raise UserError("--ray: leave out --workers and --shard (Ray places the shards)")
+        if sc.target.endpoint is None:
+            raise UserError(f"{sc.source}: --ray needs [target] endpoint (--endpoint URL): the embedded mock "
+                            f"serves one machine only")
+        if sc.fleet.enabled:
+            raise UserError(f"{sc.source}: [fleet] runs in one process: leave out --ray")
+
+
+def choose_executor(sc: Scenario, workers: int, ray: str | None, shards: int | None,
+                    shard: tuple[int, int] | None, in_process: InProcess) -> Executor:
+    """The executor the placement asks for: Ray actors, worker processes, one shard of N, or this process."""
+    if ray is not None:
+        from agentload.cluster.ray import RayShards
+
+        return RayShards(ray, shards or sc.cluster.shard_count(sc.agents.count), cpus_per_shard=sc.cluster.cpus_per_shard)
+    if workers > 1:
+        from agentload.cluster.processes import Processes
+
+        return Processes(workers)
+    if shard is not None:
+        return OneShard(shard[0], shard[1], in_process)
+    return in_process
 
 
 def start_fleet(sc: Scenario, run_dir: Path, log) -> tuple[Any, Any, Scenario]:
@@ -120,19 +123,6 @@ def start_fleet(sc: Scenario, run_dir: Path, log) -> tuple[Any, Any, Scenario]:
         sc = dataclasses.replace(sc, target=dataclasses.replace(
             sc.target, metrics_urls=[*sc.target.metrics_urls, fleet.metrics_url]))
     return fleet, Schedule(fleet, sc.schedule, run_dir / "schedule.jsonl", log), sc
-
-
-def _shards_exporter(port: int, log):
-    """The --metrics-port exporter of a run in worker processes (one series per worker, `shard` label)."""
-    from agentload.cluster.exporter import ShardsExporter
-
-    def make(latest):
-        exp = ShardsExporter(port, latest)
-        exp.start()
-        log(f"agentload: live metrics at http://127.0.0.1:{exp.port}/metrics (a shard label per worker)")
-        return exp
-
-    return make
 
 
 def note_schedule_failures(run_dir: Path) -> None:
@@ -214,7 +204,6 @@ def proxy_to_dir(sc: Scenario, run_dir: Path, upstream: str, *, host: str = "127
     import socket
 
     from agentload.proxy.drive import drive
-    from agentload.run.live import LiveLine
 
     from urllib.parse import urlsplit
 
@@ -245,16 +234,12 @@ def proxy_to_dir(sc: Scenario, run_dir: Path, upstream: str, *, host: str = "127
     sc = dataclasses.replace(sc, target=dataclasses.replace(sc.target, endpoint=base))
     meta = {"proxy": {"upstream": upstream, "listen": f"{bound[0]}:{bound[1]}", "session_header": session_header,
                       "bodies": "bodies.jsonl" if capture_bodies else None}}
-    use_uvloop()
-    view = LiveLine(run_dir=str(run_dir)) if live else None
+    run = prepare(sc, run_dir, base, embedded_mock=False, extra_meta=meta, install_signals=install_signals,
+                  live=live, log=log)
+    serve = drive(sock, upstream, session_header, log, run_dir / "bodies.jsonl" if capture_bodies else None)
     try:
-        outcome = asyncio.run(execute(sc, run_dir, base, embedded_mock=False, on_tick=view,
-                                      install_signals=install_signals, extra_meta=meta,
-                                      drive=drive(sock, upstream, session_header, log,
-                                                  run_dir / "bodies.jsonl" if capture_bodies else None)))
+        outcome = InProcess(drive=serve).execute(run)
     finally:
-        if view is not None:
-            view.close()
         sock.close()
     summary, text = write_reports(run_dir)
     return Launched(outcome, summary, text)

@@ -101,19 +101,20 @@ def run(url: str, concurrency: int, rounds: int, out: Path, extra: list[str], wo
         live: bool = False, label: str = "agentload") -> dict:
     from agentload.records.rundir import load_run
     from agentload.analysis.summary import build_summary
-    from agentload.run.runner import execute
+    from agentload.run.executor import prepare
+    from agentload.run.runner import InProcess
 
     sc = bench_scenario(url, concurrency, rounds, extra)
     cpu0 = _usage()
     t0 = time.perf_counter()
     if workers > 1:
-        from agentload.cluster.processes import run_workers
+        from agentload.cluster.processes import Processes
 
-        run_workers(sc, out, url, workers, embedded_mock=False, install_signals=False)
+        Processes(workers).execute(prepare(sc, out, url, embedded_mock=False, install_signals=False))
         window = {"cpu0": cpu0, "t0": t0, "cpu1": _usage(), "t1": time.perf_counter()}  # (the whole run)
     else:
         window = _load_window()
-        asyncio.run(execute(sc, out, url, embedded_mock=False, install_signals=False))
+        asyncio.run(InProcess().run(prepare(sc, out, url, embedded_mock=False, install_signals=False)))
     wall = window["t1"] - window["t0"]
     cpu = window["cpu1"] - window["cpu0"]
     rss_run = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,

@@ -102,12 +102,13 @@ def bare_agentload(url: str, conc: int, rounds: int) -> int:
     the summary (their cost grows with the records, and would be counted as the requests').
     Returns the records written."""
     from bench.agentload_client import bench_scenario
-    from agentload.run.runner import execute
+    from agentload.run.executor import prepare
+    from agentload.run.runner import InProcess
 
     sc = bench_scenario(url, conc, rounds, [])
     with tempfile.TemporaryDirectory(prefix="agentload-callgrind-") as d:
         out = Path(d) / "run"
-        asyncio.run(execute(sc, out, url, embedded_mock=False, install_signals=False))
+        asyncio.run(InProcess().run(prepare(sc, out, url, embedded_mock=False, install_signals=False)))
         with open(out / "records.jsonl", "rb") as f:
             return sum(1 for _ in f)
 

@@ -96,7 +96,7 @@ def main() -> int:
 def kill_and_freeze(addr: str, endpoint: str, run_dir: Path) -> dict:
     import ray
 
-    from agentload.cluster.ray import run_ray
+    from agentload.cluster.ray import RayShards
     from agentload.report.build import write_reports
     from agentload.run.scenario import load_scenario
 
@@ -115,8 +115,10 @@ def kill_and_freeze(addr: str, endpoint: str, run_dir: Path) -> dict:
 
         threading.Thread(target=later, daemon=True).start()
 
-    outcome = run_ray(sc, run_dir, endpoint, addr, 2, install_signals=False, log=lambda m: None,
-                      on_shards=on_shards)
+    from agentload.run.executor import prepare
+
+    run = prepare(sc, run_dir, endpoint, embedded_mock=False, install_signals=False, log=lambda m: None)
+    outcome = RayShards(addr, 2, on_shards=on_shards).execute(run)
     write_reports(run_dir)
     return {"cut_short": outcome.cut_short, "stop_reason": outcome.stop_reason, **seen}
 

@@ -21,6 +21,7 @@ import agentload.run.agent as agent_mod
 import agentload.run.runner as runner
 from agentload.records import load_records
 from agentload.report.build import write_reports
+from agentload.run.executor import prepare
 from agentload.run.scenario import load_scenario
 from agentload.cluster.shards import merge_meta
 
@@ -52,10 +53,11 @@ def _scenario(url: str, *overrides: str):
 
 
 def _run(sc, out: Path, on_tick=None):
-    """execute() in-process, bounded; returns (outcome, run.json)."""
+    """The in-process executor, bounded; returns (outcome, run.json)."""
     async def main():
         return await asyncio.wait_for(
-            runner.execute(sc, out, sc.target.endpoint, embedded_mock=False, install_signals=False, on_tick=on_tick),
+            runner.InProcess(on_tick=on_tick).run(prepare(sc, out, sc.target.endpoint, embedded_mock=False,
+                                                         install_signals=False)),
             RUN_BOUND_S)
     outcome = asyncio.run(main())
     return outcome, orjson.loads((out / "run.json").read_bytes())
@@ -226,7 +228,7 @@ def test_run_loop_crash_stops_cuts_and_still_writes_run_json(tmp_path, monkeypat
     async def broken(*a, **k):
         raise AssertionError("shutdown bug")
 
-    monkeypatch.setattr(runner, "_wait_idle_or", broken)
+    monkeypatch.setattr(runner._Running, "bounded", broken)  # the wait for in-flight requests to end
     with FakeServer(_slow(2.0)) as srv:
         outcome, meta = _run(_scenario(srv.url, "agents.count=3", "agents.duration_s=0.5"), tmp_path)
     [c] = meta["crashes"]

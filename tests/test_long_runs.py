@@ -21,7 +21,8 @@ from agentload.mock.config import MockConfig
 from agentload.mock.process import MockProcess
 from agentload.records import load_records, phase_ns
 from agentload.analysis.intervals import interval_table, load_intervals, window
-from agentload.run.runner import execute
+from agentload.run.executor import prepare
+from agentload.run.runner import InProcess
 from agentload.run.scenario import load_scenario
 
 from helpers import REPO, cli, run_scenario
@@ -81,7 +82,7 @@ def test_open_loop_forgets_ended_conversations(tmp_path, mock):
     def grab(ctx, sampler):  # the live-view hook: called every second with the run's context
         holder["ctx"] = ctx
 
-    asyncio.run(execute(sc, tmp_path, mock.url, embedded_mock=False, on_tick=grab, install_signals=False))
+    asyncio.run(InProcess(on_tick=grab).run(prepare(sc, tmp_path, mock.url, embedded_mock=False, install_signals=False)))
     ctx = holder.get("ctx")
     recs = [r for r in load_records(tmp_path / "records.jsonl").records if r.kind == "agent"]
     assert len(recs) == 150 and all(r.outcome == "ok" for r in recs)

@@ -24,6 +24,7 @@ from agentload.mock.process import MockProcess
 from agentload.records import Trace, phases
 from agentload.run import dump
 from agentload.run.context import AgentState, RunContext
+from agentload.run.executor import prepare
 from agentload.run.exporter import LiveCollector
 from agentload.run.live import Rates, plain_line
 from agentload.run.scenario import load_scenario
@@ -280,8 +281,8 @@ def test_a_real_run_walks_the_registry_once_per_tick_and_every_watcher_shows_tha
             done = asyncio.Event()
             scraper = asyncio.create_task(scrape(done))
             try:
-                run = runner.execute(sc, tmp_path, mock.url, embedded_mock=False, on_tick=on_tick,
-                                     install_signals=False, metrics_port=port)
+                run = runner.InProcess(on_tick=on_tick).run(prepare(
+                    sc, tmp_path, mock.url, embedded_mock=False, install_signals=False, metrics_port=port))
                 return await asyncio.wait_for(run, RUN_BOUND_S)
             finally:
                 done.set()

@@ -1,9 +1,9 @@
 """`agentload run SCENARIO --ray ADDRESS`: the agents in N shards, each a Ray actor.
 
-Each shard runs the one-process run path (`runner.execute` with a `WorkerSpec`: agents i with
-i % N == I, the same seeded conversations as a one-process run) in a thread of its actor, with its
-own event loop and client pool, writing its files into a folder on its node. The driver (this
-process):
+Each shard runs its part of the run (`PreparedRun.part_spec`: agents i with i % N == I, the same
+seeded conversations as a one-process run) with the in-process executor in a thread of its actor,
+with its own event loop and client pool, writing its files into a folder on its node. The driver
+(`RayShards`, an executor, in this process):
 
 - spreads the actors over the cluster's nodes (scheduling strategy SPREAD, `cpus_per_shard`
   each), estimates each shard's clock offset by round trips (smallest round trip kept) and starts
@@ -25,19 +25,19 @@ Ray is an optional extra (`pip install 'agentload[ray]'`), imported only here.
 from __future__ import annotations
 
 import os
-import secrets
-import signal
-import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import orjson
 
-from agentload.cluster.shards import FileTail, estimate_offset, fmt_uncertainty, shift_lines, shift_record, shift_sample
+from agentload.cluster.shards import (ClockOffset, FileTail, Interrupts, estimate_offset, fmt_uncertainty, live_line,
+                                     merge_meta, shift_lines, shift_record, shift_sample, split)
 from agentload.errors import UserError
+from agentload.run.executor import PreparedRun, RunOutcome, clock_anchor, part_of
 
 POLL_EVERY_S = 1.0
 POLL_TIMEOUT_S = 5.0
@@ -46,7 +46,7 @@ START_LEAD_S = 1.0  # all shards start this long after the driver told them (a r
 
 class ShardActor:
     """One shard: `start()` runs the scenario's share of agents in a thread; `poll()` hands over what
-    its files gained. Plain class; `run_ray` wraps it with `ray.remote`."""
+    its files gained. Plain class; `RayShards` wraps it with `ray.remote`."""
 
     def __init__(self, spec: dict[str, Any]):
         self.spec = spec
@@ -82,11 +82,7 @@ class ShardActor:
     def _run(self, start_ns: int, t0_ns: int) -> None:
         import asyncio
 
-        from agentload.run.context import WorkerSpec
-        from agentload.run.runner import execute, use_uvloop
-        from agentload.run.scenario import parse_scenario
-
-        spec = self.spec
+        from agentload.run.runner import InProcess, use_uvloop
 
         async def gate() -> int:
             delay = (start_ns - time.perf_counter_ns()) / 1e9
@@ -100,10 +96,8 @@ class ShardActor:
 
         try:
             use_uvloop()
-            sc = parse_scenario(spec["scenario"], spec["source"])
-            ws = WorkerSpec(self.index, spec["count"], spec["run_id"], t0_ns, spec["t0_unix"], gate)
-            asyncio.run(execute(sc, self.dir, spec["base_url"], embedded_mock=False, install_signals=False,
-                                worker=ws, on_context=got))
+            run = part_of(self.spec, run_dir=self.dir, t0_ns=t0_ns, install_signals=False)
+            asyncio.run(InProcess(gate=gate, on_context=got).run(run))
         except BaseException as e:  # recorded in run.json by the driver
             self.error = f"{e.__class__.__name__}: {e}"[:500]
         finally:
@@ -171,183 +165,253 @@ def init_ray(address: str) -> bool:
     return False
 
 
-def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *, cpus_per_shard: float = 1.0,
-            install_signals: bool = True, live: bool = False, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
-            poll_timeout_s: float = POLL_TIMEOUT_S, on_shards: Callable[[list[Any]], None] | None = None,
-            metrics_port: int | None = None) -> Any:
-    """Run the scenario in `shards` Ray actors into run_dir; returns a runner.RunOutcome.
-    `on_shards(actors)` is called once they run (tests kill or freeze one through it)."""
-    import ray
+@dataclass
+class RayShards:
+    """The executor of `run --ray ADDRESS`: the run in `shards` Ray actors, its files brought to
+    run_dir once a second. `on_shards(actors)` is called once they run (tests kill or freeze one
+    through it)."""
 
-    from agentload.cluster.shards import live_line, merge_meta, split
-    from agentload.run.runner import RunOutcome, run_metadata, write_run_json
+    address: str
+    shards: int
+    cpus_per_shard: float = 1.0
+    poll_timeout_s: float = POLL_TIMEOUT_S
+    on_shards: Callable[[list[Any]], None] | None = None
 
-    if shards < 1:
-        raise UserError(f"--shards: expected a whole number >= 1, got {shards}")
-    started_ray = init_ray(address)
-    run_id = secrets.token_hex(4)
-    meta = run_metadata(sc, run_id, base_url, False)
-    per = [len(a) for a in split(sc.agents.count, shards)]
-    meta.update(workers=shards, agents_per_worker=per, engine="ray",
-                ray={"address": address, "nodes": len([n for n in ray.nodes() if n.get("Alive")])})
-    write_run_json(run_dir / "run.json", meta)
-    Actor = ray.remote(ShardActor)
-    actors: list[Any] = []  # Ray's actor handles (their methods' .remote is not in Ray's types)
-    for i in range(shards):
-        spec = {"scenario": sc.to_dict(), "source": sc.source, "base_url": base_url, "index": i, "count": shards,
-                "run_id": run_id, "t0_unix": meta["t0_unix"]}
-        actors.append(Actor.options(num_cpus=cpus_per_shard, scheduling_strategy="SPREAD",
-                                    max_concurrency=4, name=f"agentload-{run_id}-shard{i}").remote(spec))
-    interrupts = 0
-    old: dict[int, Any] = {}
+    def execute(self, run: PreparedRun) -> RunOutcome:
+        import ray
 
-    def on_signal(signum: int, frame: Any) -> None:
-        nonlocal interrupts
-        interrupts += 1
-        for a in actors:
+        n = self.shards
+        if n < 1:
+            raise UserError(f"--shards: expected a whole number >= 1, got {n}")
+        started_ray = init_ray(self.address)
+        run.meta.update(clock_anchor())  # the run starts once Ray is up (a throwaway cluster takes seconds)
+        run.meta.update(workers=n, agents_per_worker=[len(a) for a in split(run.scenario.agents.count, n)],
+                        engine="ray", ray={"address": self.address,
+                                           "nodes": len([x for x in ray.nodes() if x.get("Alive")])})
+        run.write_meta()
+        actors = self.spawn(run)
+        driver = _Driver(run, actors, self.poll_timeout_s)
+        with Interrupts(driver.stop_all, run.install_signals) as interrupts:
             try:
-                a.stop.remote(now=interrupts > 1)
+                driver.open_exporter()  # first: a port in use fails before any shard starts
+                driver.start_all()
+                if self.on_shards is not None:
+                    self.on_shards(actors)
+                driver.follow()
+            finally:
+                driver.close()
+                if started_ray:
+                    ray.shutdown()
+        driver.finish(interrupts.count)
+        run.write_meta()
+        return run.outcome(interrupts.count > 0)
+
+    def spawn(self, run: PreparedRun) -> list[Any]:
+        """One actor per shard, spread over the cluster's nodes."""
+        import ray
+
+        actor = ray.remote(ShardActor)
+        return [actor.options(num_cpus=self.cpus_per_shard, scheduling_strategy="SPREAD", max_concurrency=4,
+                              name=f"agentload-{run.run_id}-shard{i}").remote(run.part_spec(i, self.shards))
+                for i in range(self.shards)]
+
+
+class _Driver:
+    """What the driver knows of its shards while they run, and what it does with their answers."""
+
+    def __init__(self, run: PreparedRun, actors: list[Any], poll_timeout_s: float):
+        self.run, self.actors, self.poll_timeout_s = run, actors, poll_timeout_s
+        n = len(actors)
+        self.n = n
+        self.per = list(run.meta["agents_per_worker"])
+        self.infos: list[dict[str, Any]] = [{"shard": i} for i in range(n)]
+        self.offsets: list[ClockOffset] = []
+        self.lost: dict[int, str] = {}
+        self.last_sample: dict[int, dict[str, Any]] = {}
+        self.stalls: list[dict[str, Any]] = []
+        self.metas: list[dict[str, Any] | None] = [None] * n
+        self.done = [False] * n
+        self.moved_lines = {"records": 0, "samples": 0}
+        self.pending: dict[int, Any] = {}  # shard -> its poll's answer, not yet in
+        self.asked_at: dict[int, float] = {}
+        self.exporter: Any = None
+
+    def since_t0_s(self) -> float:
+        return time.perf_counter_ns() / 1e9 - self.run.meta["t0_ns"] / 1e9
+
+    def stop_all(self, _signum: int, count: int) -> None:
+        """A signal: every shard stops as a one-process run does; a second one, now."""
+        for a in self.actors:
+            try:
+                a.stop.remote(now=count > 1)
             except Exception:
                 pass
 
-    lost: dict[int, str] = {}
-    last_sample: dict[int, dict[str, Any]] = {}
-    exporter = None
-    if metrics_port is not None:  # first: a port in use fails before any shard starts
+    def open_exporter(self) -> None:
+        run = self.run
+        if run.metrics_port is None:
+            return
         from agentload.cluster.exporter import ShardsExporter
 
-        exporter = ShardsExporter(metrics_port, lambda: [(i, last_sample.get(i), i not in lost) for i in range(shards)])
-        meta["metrics_port"] = exporter.start()
-        log(f"agentload: live metrics at http://127.0.0.1:{meta['metrics_port']}/metrics (a shard label each)")
-    stalls: list[dict[str, Any]] = []
-    metas: list[dict[str, Any] | None] = [None] * shards
-    done = [False] * shards
-    infos: list[dict[str, Any]] = [{"shard": i} for i in range(shards)]
-    try:
-        if install_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                old[sig] = signal.signal(sig, on_signal)
-        offsets = []
-        for i, a in enumerate(actors):
-            infos[i].update(ray.get(a.node.remote(), timeout=120))
+        self.exporter = ShardsExporter(run.metrics_port, lambda: [(i, self.last_sample.get(i), i not in self.lost)
+                                                                  for i in range(self.n)])
+        run.meta["metrics_port"] = self.exporter.start()
+        run.log(f"agentload: live metrics at http://127.0.0.1:{run.meta['metrics_port']}/metrics (a shard label each)")
+
+    def start_all(self) -> None:
+        """Each shard's node and clock offset (round trips), then every shard's agents at one moment."""
+        import ray
+
+        for i, a in enumerate(self.actors):
+            self.infos[i].update(ray.get(a.node.remote(), timeout=120))
 
             def clock(actor: Any = a) -> int:
                 return int(ray.get(actor.clock.remote(), timeout=30))
 
             off = estimate_offset(clock)
-            offsets.append(off)
-            infos[i].update(off.to_json())
+            self.offsets.append(off)
+            self.infos[i].update(off.to_json())
         start = time.perf_counter_ns() + int(START_LEAD_S * 1e9)
-        ray.get([a.start.remote(start + off.offset_ns, meta["t0_ns"] + off.offset_ns)
-                 for a, off in zip(actors, offsets)], timeout=60)
-        log(f"agentload: {shards} shard(s) on {len({x.get('node') for x in infos})} Ray node(s), clock offsets "
-            + ", ".join(f"{x['shard']}: {x['uncertainty']}" for x in infos))
-        if on_shards is not None:
-            on_shards(actors)
+        t0_ns = self.run.meta["t0_ns"]
+        ray.get([a.start.remote(start + off.offset_ns, t0_ns + off.offset_ns)
+                 for a, off in zip(self.actors, self.offsets)], timeout=60)
+        self.run.log(f"agentload: {self.n} shard(s) on {len({x.get('node') for x in self.infos})} Ray node(s), "
+                     "clock offsets " + ", ".join(f"{x['shard']}: {x['uncertainty']}" for x in self.infos))
+
+    def follow(self) -> None:
+        """Until every shard is done or lost: once a second ask each for what its files gained (a
+        shard's answers wait in its files meanwhile), take the answers in, note who is silent."""
+        import ray
+
         cpu0, wall0 = _cpu_s(), time.monotonic()
-        moved_lines = {"records": 0, "samples": 0}
-        pending: dict[int, Any] = {}
-        asked_at: dict[int, float] = {}
-        t_live = t_run = time.monotonic()
-        next_poll = time.monotonic()
-        while not all(done[i] or i in lost for i in range(shards)):
+        t_run = t_live = next_poll = time.monotonic()
+        while not all(self.done[i] or i in self.lost for i in range(self.n)):
             now = time.monotonic()
-            if now >= next_poll:  # once a second: a shard's answers wait in its files meanwhile
+            if now >= next_poll:
                 next_poll = now + POLL_EVERY_S
-                for i, a in enumerate(actors):
-                    if done[i] or i in lost or i in pending:
-                        continue
-                    pending[i] = a.poll.remote()
-                    asked_at[i] = now
-            refs = list(pending.values())
+                self.ask(now)
             wait_s = max(0.01, next_poll - time.monotonic())
+            refs = list(self.pending.values())
             if not refs:
                 time.sleep(wait_s)
                 continue
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
-            for i in [k for k, r in pending.items() if r in ready]:
-                ref = pending.pop(i)
-                try:
-                    got = ray.get(ref)
-                except Exception as e:  # the actor (or its node) died
-                    lost[i] = f"{e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-                    log(f"agentload: shard {i} lost: {lost[i]}")
-                    continue
-                delta = -offsets[i].offset_ns
-                for stem, shift in (("records", shift_record), ("samples", shift_sample)):
-                    data = got.get(stem) or b""
-                    if data:
-                        moved, n = shift_lines(data, shift, delta, i)
-                        moved_lines[stem] += n
-                        if stem == "samples":
-                            try:
-                                last_sample[i] = orjson.loads(moved.rstrip(b"\n").rpartition(b"\n")[2])
-                            except orjson.JSONDecodeError:
-                                pass
-                        with open(run_dir / f"{stem}-w{i}.jsonl", "ab") as f:
-                            f.write(moved)
-                silent = float(got.get("loop_silent_s") or 0.0)
-                if not got.get("done") and silent > poll_timeout_s:
-                    if not any(x["shard"] == i and x.get("open") for x in stalls):
-                        stalls.append({"shard": i, "since_s": round(time.perf_counter_ns() / 1e9 - meta["t0_ns"] / 1e9
-                                                                    - silent, 3), "open": True, "what": "event loop"})
-                        log(f"agentload: shard {i}: its event loop has not run for {silent:.0f} s")
-                elif silent < poll_timeout_s:
-                    for x in stalls:
-                        if x["shard"] == i and x.get("open") and x.get("what") == "event loop":
-                            x["open"] = False
-                            x["for_s"] = round(time.perf_counter_ns() / 1e9 - meta["t0_ns"] / 1e9 - x["since_s"], 3)
-                if got.get("done"):
-                    done[i] = True
-                    m = got.get("meta")
-                    if m is not None:
-                        m["t0_ns"] = meta["t0_ns"]
-                        for k in ("t_end_ns",):
-                            if m.get(k):
-                                m[k] += delta
-                    metas[i] = m
-                    if got.get("error"):
-                        lost[i] = f"the shard's run failed: {got['error']}"
-            for i in list(pending):
-                waited = time.monotonic() - asked_at[i]
-                if waited > poll_timeout_s and not any(s["shard"] == i and s.get("open") for s in stalls):
-                    stalls.append({"shard": i, "since_s": round(time.perf_counter_ns() / 1e9 - meta["t0_ns"] / 1e9 - waited, 3),
-                                   "open": True, "what": "no answer"})
-                    log(f"agentload: shard {i} has not answered for {waited:.0f} s (its event loop or process is stuck)")
-            for s in stalls:
-                if s.get("open") and s.get("what") == "no answer" and s["shard"] not in pending:
-                    s["open"] = False
-                    s["for_s"] = round(time.perf_counter_ns() / 1e9 - meta["t0_ns"] / 1e9 - s["since_s"], 3)
-            if live and time.monotonic() - t_live >= 1.0:
-                t_live = t_run = time.monotonic()
-                log(live_line(run_dir, shards, t_live - t_run))
+            for i in [k for k, r in self.pending.items() if r in ready]:
+                self.take(i, self.pending.pop(i))
+            self.note_unanswered()
+            if self.run.live and time.monotonic() - t_live >= 1.0:
+                t_live = time.monotonic()
+                self.run.log(live_line(self.run.run_dir, self.n, t_live - t_run))
         # what the driver itself cost: its process (Ray's threads in it included) over the run
         driver = {"cpu_s": round(_cpu_s() - cpu0, 3), "wall_s": round(time.monotonic() - wall0, 3),
-                  "records": moved_lines["records"], "samples": moved_lines["samples"]}
-        driver["cpu_per_shard_per_s"] = round(driver["cpu_s"] / max(driver["wall_s"], 1e-9) / shards, 4)
-        meta["driver"] = driver
-    finally:
-        if exporter is not None:
-            exporter.stop()
-        for signum, h in old.items():
-            signal.signal(signum, h)
-        for a in actors:
+                  "records": self.moved_lines["records"], "samples": self.moved_lines["samples"]}
+        driver["cpu_per_shard_per_s"] = round(driver["cpu_s"] / max(driver["wall_s"], 1e-9) / self.n, 4)
+        self.run.meta["driver"] = driver
+
+    def ask(self, now: float) -> None:
+        for i, a in enumerate(self.actors):
+            if not (self.done[i] or i in self.lost or i in self.pending):
+                self.pending[i] = a.poll.remote()
+                self.asked_at[i] = now
+
+    def take(self, i: int, ref: Any) -> None:
+        """Shard i's answer: its lines moved onto the driver's clock and appended, its loop's silence,
+        its end; an actor (or node) that died is a lost shard."""
+        import ray
+
+        try:
+            got = ray.get(ref)
+        except Exception as e:
+            self.lost[i] = f"{e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+            self.run.log(f"agentload: shard {i} lost: {self.lost[i]}")
+            return
+        delta = -self.offsets[i].offset_ns
+        self.append_lines(i, got, delta)
+        self.note_loop_silence(i, float(got.get("loop_silent_s") or 0.0), bool(got.get("done")))
+        if got.get("done"):
+            self.done[i] = True
+            m = got.get("meta")
+            if m is not None:
+                m["t0_ns"] = self.run.meta["t0_ns"]
+                if m.get("t_end_ns"):
+                    m["t_end_ns"] += delta
+            self.metas[i] = m
+            if got.get("error"):
+                self.lost[i] = f"the shard's run failed: {got['error']}"
+
+    def append_lines(self, i: int, got: dict[str, Any], delta: int) -> None:
+        for stem, shift in (("records", shift_record), ("samples", shift_sample)):
+            data = got.get(stem) or b""
+            if not data:
+                continue
+            moved, n = shift_lines(data, shift, delta, i)
+            self.moved_lines[stem] += n
+            if stem == "samples":
+                try:
+                    self.last_sample[i] = orjson.loads(moved.rstrip(b"\n").rpartition(b"\n")[2])
+                except orjson.JSONDecodeError:
+                    pass
+            with open(self.run.run_dir / f"{stem}-w{i}.jsonl", "ab") as f:
+                f.write(moved)
+
+    def open_stall(self, i: int, what: str) -> dict[str, Any] | None:
+        return next((x for x in self.stalls if x["shard"] == i and x.get("open") and x.get("what") == what), None)
+
+    def note_loop_silence(self, i: int, silent: float, done: bool) -> None:
+        """A shard whose event loop ran none of the driver's callbacks for poll_timeout_s is stalled."""
+        if not done and silent > self.poll_timeout_s:
+            if not any(x["shard"] == i and x.get("open") for x in self.stalls):
+                self.stalls.append({"shard": i, "since_s": round(self.since_t0_s() - silent, 3), "open": True,
+                                    "what": "event loop"})
+                self.run.log(f"agentload: shard {i}: its event loop has not run for {silent:.0f} s")
+        elif silent < self.poll_timeout_s and (x := self.open_stall(i, "event loop")) is not None:
+            x["open"] = False
+            x["for_s"] = round(self.since_t0_s() - x["since_s"], 3)
+
+    def note_unanswered(self) -> None:
+        """A shard whose poll has not been answered for poll_timeout_s: its event loop or process is stuck."""
+        for i in list(self.pending):
+            waited = time.monotonic() - self.asked_at[i]
+            if waited > self.poll_timeout_s and not any(s["shard"] == i and s.get("open") for s in self.stalls):
+                self.stalls.append({"shard": i, "since_s": round(self.since_t0_s() - waited, 3), "open": True,
+                                    "what": "no answer"})
+                self.run.log(f"agentload: shard {i} has not answered for {waited:.0f} s "
+                             f"(its event loop or process is stuck)")
+        for s in self.stalls:
+            if s.get("open") and s.get("what") == "no answer" and s["shard"] not in self.pending:
+                s["open"] = False
+                s["for_s"] = round(self.since_t0_s() - s["since_s"], 3)
+
+    def close(self) -> None:
+        import ray
+
+        if self.exporter is not None:
+            self.exporter.stop()
+        for a in self.actors:
             try:
                 ray.kill(a)
             except Exception:
                 pass
-        if started_ray:
-            ray.shutdown()
-    codes: list[int | None] = [0 if (metas[i] is not None and i not in lost) else None for i in range(shards)]
-    merge_meta(meta, metas, codes, interrupts > 0)
-    for s in stalls:
-        s.pop("open", None)
-    meta.update(engine="ray", shards=infos, shard_stalls=stalls,
-                clock_alignment="round trips to each shard; per shard: " + ", ".join(
-                    f"{x['shard']} {x.get('uncertainty', '?')}" for x in infos))
-    if lost:
+
+    def finish(self, interrupts: int) -> None:
+        """run.json of the whole run: the shards' merged, each shard's clock offset, its stalls."""
+        meta = self.run.meta
+        codes: list[int | None] = [0 if (self.metas[i] is not None and i not in self.lost) else None
+                                   for i in range(self.n)]
+        merge_meta(meta, self.metas, codes, interrupts > 0)
+        for s in self.stalls:
+            s.pop("open", None)
+        meta.update(engine="ray", shards=self.infos, shard_stalls=self.stalls,
+                    clock_alignment="round trips to each shard; per shard: " + ", ".join(
+                        f"{x['shard']} {x.get('uncertainty', '?')}" for x in self.infos))
+        if self.lost:
+            self.note_lost(interrupts)
+
+    def note_lost(self, interrupts: int) -> None:
+        """A lost shard is named with its agents (cut short, a crash entry); the run went on without it."""
+        meta, lost, per = self.run.meta, self.lost, self.per
         # the shards that ran on ended as they say (a lost shard is named below, not an interruption)
-        alive = [m.get("ended_by") for i, m in enumerate(metas) if m is not None and i not in lost]
+        alive = [m.get("ended_by") for i, m in enumerate(self.metas) if m is not None and i not in lost]
         if interrupts == 0 and alive and meta["ended_by"] == "interrupted":
             meta["ended_by"] = next((b for b in ("crashed", "interrupted", "duration") if b in alive), "finished")
         meta["lost_shards"] = [{"shard": i, "reason": r, "agents": per[i]} for i, r in sorted(lost.items())]
@@ -360,9 +424,6 @@ def run_ray(sc: Any, run_dir: Path, base_url: str, address: str, shards: int, *,
                                                    "message": f"shard {i} ({per[i]} agents) lost: {r}",
                                                    "traceback": "", "worker": i})
             meta["crash_count"] = int(meta.get("crash_count") or 0) + 1
-    write_run_json(run_dir / "run.json", meta)
-    return RunOutcome(run_dir, run_id, bool(meta["cut_short"]), meta.get("stop_reason"), interrupts > 0,
-                      meta["ended_by"])
 
 
 def _cpu_s() -> float:

@@ -1,6 +1,6 @@
 """Shards of one run, and bringing their records onto one clock.
 
-A shard is the one-process run path (`runner.execute` with a `WorkerSpec`) over the agents
+A shard is the one-process run path (`runner.InProcess` over `executor.part_of`) over the agents
 i with i % N == I. Every stamp a shard writes is its host's `perf_counter_ns` (CLOCK_MONOTONIC):
 exact for the phases of a request (one host, one clock), but another host's monotonic clock has
 another zero. To draw all shards on one timeline the driver moves each shard's stamps by the
@@ -19,6 +19,7 @@ Durations (phases) never change: a shift adds the same number to every stamp of 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,6 +289,43 @@ def merge_meta(meta: dict[str, Any], metas: list[dict[str, Any] | None], codes: 
             if key in m and key not in meta:
                 meta[key] = m[key]
     return meta
+
+
+class Interrupts:
+    """SIGINT/SIGTERM while a driver waits for its parts: counted, and each passed on with
+    `forward(signum, count)` (a part stops as a one-process run does; a second signal stops it
+    now). The handlers are installed only when asked, and the old ones come back on exit."""
+
+    def __init__(self, forward: Callable[[int, int], None], install: bool):
+        self.forward = forward
+        self.install = install
+        self.count = 0
+        self.old: dict[int, Any] = {}
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        self.forward(signum, self.count)
+
+    def __enter__(self) -> Interrupts:
+        if self.install:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.old[sig] = signal.signal(sig, self.on_signal)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, h in self.old.items():
+            signal.signal(sig, h)
+
+
+def read_part_metas(run_dir: Path, n: int) -> list[dict[str, Any] | None]:
+    """Each part's run-wI.json (None: the part left none, or a torn one)."""
+    metas: list[dict[str, Any] | None] = []
+    for w in range(n):
+        try:
+            metas.append(orjson.loads((run_dir / f"run-w{w}.json").read_bytes()))
+        except (OSError, orjson.JSONDecodeError):
+            metas.append(None)
+    return metas
 
 
 # ---------------------------------------------------------------- agentload merge

@@ -1,4 +1,4 @@
-"""The proxy as a run: its server is what drives the requests (`runner.execute`'s `drive`)."""
+"""The proxy as a run: its server is what drives the requests (`runner.InProcess`'s `drive`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 def drive(sock: socket.socket, upstream: str, session_header: str | None, log=None, bodies: Path | None = None):
-    """`execute`'s drive: serve the proxy on `sock` until the run stops, then let the requests in
+    """`InProcess`'s drive: serve the proxy on `sock` until the run stops, then let the requests in
     flight end (the runner bounds that by give_up_s) and close."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
 

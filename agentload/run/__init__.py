@@ -2,7 +2,7 @@
 
 `scenario` (the validated model), `conversation`, `agent`, `transport` (the one aiohttp seam and
 its trace stamps), `request` + `body_sink` + `sse` + `chat_stream` (reading a body), `context`
-(the run's shared state), `runner` (arrivals, watchdog, canaries, samplers, shutdown), `launch`
-(one run into one folder), `observers`, `live`, `exporter`, `dump`,
-`health`, `scraper` (the target's metrics). Imports the records layer, never analysis or report.
+(the run's shared state), `executor` (a run prepared once and the interface of what carries it
+out), `runner` (the in-process executors: arrivals, watchdog, canaries, samplers, shutdown),
+`observers`, `live`, `exporter`, `dump`, `health`, `scraper` (the target's metrics). Imports the records layer, never analysis or report.
 """

@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from agentload import redact
 from agentload.run import apis
@@ -42,18 +42,6 @@ class AgentState:
     trace: Trace | None = None
     rounds_completed: int = 0
     conversations: int = 0  # finished conversations (more than one with agents.restart)
-
-
-@dataclass
-class WorkerSpec:
-    """What `runner.execute` needs to know when it runs as one worker of N."""
-
-    index: int
-    count: int
-    run_id: str
-    t0_ns: int
-    t0_unix: float
-    gate: Callable[[], Awaitable[int]] | None = None  # returns the common start (perf_counter_ns)
 
 
 def crash_entry(where: str, exc: BaseException, agent: int | None = None, round: int | None = None,
@@ -100,7 +88,7 @@ class RunContext:
     stopped_by: str | None = None  # finished | duration | interrupted | crashed: what called stop() first
     crashes: list[dict[str, Any]] = field(default_factory=list)  # the first MAX_CRASH_ENTRIES
     crash_count: int = 0
-    on_crash: Callable[[], None] | None = None  # rewrites run.json (set by execute)
+    on_crash: Callable[[], None] | None = None  # rewrites run.json (set by the in-process run)
     snapshots: SnapshotFeed = field(default_factory=SnapshotFeed)  # the watchdog's one snapshot per tick
     loop_lag: LoopLag = field(default_factory=LoopLag)  # measured by the "lag" job
     # the reader of one answer in the scenario's API (`target.api`: apis.<api>.Stream)

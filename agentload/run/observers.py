@@ -1,6 +1,6 @@
 """What watches a run besides the agents: the target's metrics, the interval log, the exporter.
 
-Started by `runner.execute` before any traffic and closed after the last request:
+Started by the in-process run (`runner.InProcess`) before any traffic and closed after the last request:
 
 - `TargetScraper` (`[target] metrics_urls`) -> target_metrics.jsonl
 - `IntervalLog` -> intervals.hlog (HdrHistogram intervals of e2e and ttft; constant memory)

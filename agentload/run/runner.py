@@ -1,4 +1,7 @@
-"""Runs a scenario: agent arrivals, the watchdog, canaries, samplers, a bounded shutdown.
+"""Runs a scenario in this process: agent arrivals, the watchdog, canaries, samplers, a bounded shutdown.
+
+`InProcess` is the executor (`agentload.run.executor`) of a prepared run on this event loop, and
+of every part of a run in worker processes or Ray shards; `OneShard` is `run --shard I/N`.
 
 Every wait here is bounded by the scenario: the run ends by itself at the latest
 `stall.give_up_s` plus a grace period after it stops starting rounds, and whatever was in
@@ -29,11 +32,10 @@ interrupted or agentload stopped it, never for a normal end at `duration_s`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import gc
 import itertools
-import os
-import platform
 import random
 import secrets
 import signal
@@ -41,15 +43,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
-
-import aiohttp
-import orjson
-
-from agentload import __version__
-from agentload.atomic import write_atomic
+from typing import Any, Awaitable, Callable
 
 from agentload.run import dump, server_props
+from agentload.run.executor import PreparedRun, RunOutcome
 from agentload.run.agent import attempt, run_agent
 from agentload.run.context import RunContext
 from agentload.run.sampler import Sampler
@@ -60,9 +57,6 @@ from agentload.run.probes import Prober, short_conversation
 from agentload.run.replay import arrival_of, load_plans
 from agentload.records import RecordWriter, Trace
 from agentload.run.scenario import Scenario
-
-if TYPE_CHECKING:
-    from agentload.run.context import WorkerSpec
 
 _now = time.perf_counter_ns
 
@@ -126,49 +120,10 @@ def gc_for_run() -> Callable[[], None]:
     return restore
 
 
-@dataclass
-class RunOutcome:
-    out_dir: Path
-    run_id: str
-    cut_short: bool
-    stop_reason: str | None
-    interrupted: bool
-    ended_by: str = "finished"  # finished | duration | interrupted | crashed
-
-
 def default_out_dir(sc: Scenario, base: Path = Path("reports"), name: str | None = None) -> Path:
     name = name or Path(sc.source.split(" ")[0]).name.removesuffix(".toml") or "run"
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return base / f"{stamp}-{name}-{secrets.token_hex(2)}"
-
-
-def write_run_json(path: Path, obj: Any) -> None:
-    write_atomic(path, orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
-
-
-def run_metadata(sc: Scenario, run_id: str, endpoint: str, embedded_mock: bool) -> dict[str, Any]:
-    return {
-        "run": run_id,
-        "version": __version__,
-        "record_version": 1,
-        "scenario": sc.to_dict(),
-        "fingerprint": sc.workload_fingerprint(),
-        "endpoint": endpoint,
-        "api": sc.target.api,  # the API the agents spoke (chat, messages, responses)
-        "embedded_mock": embedded_mock,
-        "client": sc.to_dict()["client"],
-        "stall": sc.to_dict()["stall"],
-        "versions": {"python": platform.python_version(), "aiohttp": aiohttp.__version__,
-                     "platform": platform.platform()},
-        "argv": sys.argv,
-        "pid": os.getpid(),
-        "t0_ns": _now(),
-        "t0_unix": time.time(),
-        "ended": False,
-        "ended_normally": False,
-        "cut_short": False,
-        "crashes": [],
-    }
 
 
 async def watchdog(ctx: RunContext) -> None:
@@ -406,136 +361,194 @@ async def _supervise(ctx: RunContext, name: str, job: Callable[[], Awaitable[Any
             await asyncio.sleep(RESTART_PAUSE_S)
 
 
-async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: bool,
-                  on_tick: Callable[[RunContext, "Sampler"], None] | None = None,
-                  install_signals: bool = True, metrics_port: int | None = None,
-                  worker: "WorkerSpec | None" = None, extra_meta: dict[str, Any] | None = None,
-                  on_started: Callable[[dict[str, Any]], None] | None = None,
-                  on_context: Callable[[RunContext], None] | None = None,
-                  shard: tuple[int, int] | None = None,
-                  drive: Callable[[RunContext], Awaitable[None]] | None = None) -> RunOutcome:
-    """Run the scenario against base_url, writing run.json, records.jsonl and samples.jsonl
-    (and target_metrics.jsonl with [target] metrics_urls, intervals.hlog always); with
-    metrics_port, agentload's live state is served in Prometheus format on 127.0.0.1.
+@dataclass
+class InProcess:
+    """The executor that runs a prepared run (or its part) on this process's event loop; every
+    worker process and Ray shard runs its part with it.
 
-    With `worker` (one process of `--workers N`, see agentload.cluster.processes): the run id and clock
-    anchor are the parent's, the files are run-wI.json, records-wI.jsonl, samples-wI.jsonl,
-    only this worker's share of the agents runs, canaries only in worker 0, and the agents
-    start when `worker.gate()` returns (all workers at once).
+    `on_tick(ctx, sampler)`: with every full snapshot, once a second (the live view; with
+    `run.live` and no on_tick, the live line). `gate()`: awaited before the agents start, returns
+    the common start (perf_counter_ns) of all parts. `on_context(ctx)` gets the run's context (a
+    Ray shard stops its run through it). `on_started(meta)` is called once run.json is written,
+    before any agent starts (the fault schedule starts its clock there). `drive(ctx)` replaces the
+    agents' arrivals: the requests come from elsewhere (`agentload proxy`: a harness's own); it
+    returns once the run stops, and gets give_up_s to let its requests in flight end before it is
+    cancelled."""
 
-    `extra_meta` goes into run.json (the fleet of a router soak); `on_started(meta)` is called once
-    run.json is written, before any agent starts (the fault schedule starts its clock there);
-    `on_context(ctx)` gets the run's context (a Ray shard stops its run through it). `shard` (I, N):
-    only the agents i with i % N == I run, files keep their plain names (`run --shard I/N`).
+    on_tick: Callable[[RunContext, Sampler], None] | None = None
+    gate: Callable[[], Awaitable[int]] | None = None
+    on_context: Callable[[RunContext], None] | None = None
+    on_started: Callable[[dict[str, Any]], None] | None = None
+    drive: Callable[[RunContext], Awaitable[None]] | None = None
 
-    `drive(ctx)` replaces the agents' arrivals: the requests come from elsewhere (`agentload proxy`:
-    a harness's own), it returns once the run stops, and gets give_up_s to let its requests in
-    flight end before it is cancelled."""
-    from agentload.run.transport import Transport
+    def execute(self, run: PreparedRun) -> RunOutcome:
+        from agentload.run.live import LiveLine
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    run_id = worker.run_id if worker is not None else secrets.token_hex(4)
-    meta = run_metadata(sc, run_id, base_url, embedded_mock)
-    sfx = ""
-    if worker is not None:
-        sfx = f"-w{worker.index}"
-        meta.update(t0_ns=worker.t0_ns, t0_unix=worker.t0_unix, worker=worker.index, workers=worker.count,
-                    files_suffix=sfx)
-    if extra_meta:
-        meta.update(extra_meta)
-    plans = load_plans(sc.replay.source, sc.replay.format) if sc.replay.source else None  # a bad capture: no run
-    transport = Transport(sc.client, sc.target, base_url)  # first: a missing secret leaves no half-made run
-    write_run_json(out_dir / f"run{sfx}.json", meta)
-    writer = RecordWriter(out_dir / f"records{sfx}.jsonl", loop=asyncio.get_running_loop())
-    ctx = RunContext(sc, run_id, transport.url, transport, writer, tool_schemas(sc.conversation.tools))
-    ctx.replay_plans = plans
-    if worker is not None:
-        ctx.shard = (worker.index, worker.count)
-    elif shard is not None:
-        ctx.shard = shard
-        meta["shard"] = list(shard)
-        write_run_json(out_dir / "run.json", meta)
-    if on_context is not None:
-        on_context(ctx)
+        use_uvloop()
+        view = LiveLine(run_dir=str(run.run_dir)) if run.live and self.on_tick is None else None
+        try:  # (the view's clock starts with the run)
+            return asyncio.run(dataclasses.replace(self, on_tick=view or self.on_tick).run(run))
+        finally:
+            if view is not None:
+                view.close()
 
-    def write_crashes() -> None:  # the moment a crash happens: a run killed later still has it
-        meta["crashes"] = list(ctx.crashes)
-        meta["crash_count"] = ctx.crash_count
-        write_run_json(out_dir / f"run{sfx}.json", meta)
+    async def run(self, run: PreparedRun) -> RunOutcome:
+        """Run it on the running event loop: run.json, records, samples (and target_metrics.jsonl
+        with [target] metrics_urls, intervals.hlog always); with run.metrics_port, agentload's live
+        state is served in Prometheus format on 127.0.0.1."""
+        running = await _Running.open(run, self)
+        await running.start()
+        try:
+            await running.until_stopped()
+            await running.wind_down()
+        except Exception as e:  # agentload's run loop itself failed: record it, stop, still write every file
+            await running.abort(e)
+        finally:
+            await running.close()
+        return run.outcome(running.interrupts > 0)
 
-    ctx.on_crash = write_crashes
-    sampler = Sampler(ctx, out_dir / f"samples{sfx}.jsonl")
-    try:
-        extras = await start_observers(ctx, out_dir, meta, metrics_port)
-    except BaseException:  # e.g. --metrics-port already taken: nothing was sent yet
-        sampler.close()
-        writer.close()
-        await transport.close()
-        raise
-    loop = asyncio.get_running_loop()
-    interrupts = 0
-    hard_stop = asyncio.Event()
-    if not embedded_mock and "fleet" not in meta and (worker is None or worker.index == 0) and ctx.shard[0] == 0:
-        # what the server says of itself (llama.cpp's /props: slots, n_ctx per slot, tool calls), bounded
-        meta["server_props"] = await server_props.fetch(base_url, transport.headers, sc.client.connect_timeout_s)
-        write_run_json(out_dir / f"run{sfx}.json", meta)
-    if on_started is not None:
-        on_started(meta)
 
-    def on_signal(signame: str) -> None:
-        nonlocal interrupts
-        interrupts += 1
-        if interrupts == 1 and not ctx.stopping:
+@dataclass
+class OneShard:
+    """The executor of `run --shard I/N`: in-process, only the agents i with i % N == I; the files
+    keep their plain names and run.json says `shard` (`agentload merge` joins the folders)."""
+
+    index: int
+    count: int
+    in_process: InProcess = dataclasses.field(default_factory=InProcess)
+
+    def execute(self, run: PreparedRun) -> RunOutcome:
+        run.meta["shard"] = [self.index, self.count]
+        return self.in_process.execute(dataclasses.replace(run, shard=(self.index, self.count)))
+
+
+class _Running:
+    """One in-process run from its files' opening to run.json's last write, in named steps."""
+
+    def __init__(self, run: PreparedRun, how: InProcess, ctx: RunContext, transport: Any, writer: RecordWriter):
+        self.run, self.how, self.ctx = run, how, ctx
+        self.meta = run.meta
+        self.transport, self.writer = transport, writer
+        self.sampler = Sampler(ctx, run.path("samples"))
+        self.extras: Any = None
+        self.interrupts = 0
+        self.hard_stop = asyncio.Event()  # a second signal: in-flight requests are not waited for
+        self.agent_tasks: set[asyncio.Task] = set()
+        self.background: list[asyncio.Task] = []
+        self.prober: Prober | None = None
+        self.arrivals: asyncio.Task | None = None
+        self.cut_short = False  # requests in flight were cut
+        self.runner_crashed = False
+        self.signals_installed = False
+        self.gc_restore: Callable[[], None] | None = None
+        self.waits: list[asyncio.Task] = []
+
+    @classmethod
+    async def open(cls, run: PreparedRun, how: InProcess) -> _Running:
+        """Transport, record writer, context, observers: nothing sent yet."""
+        from agentload.run.transport import Transport
+
+        sc = run.scenario
+        plans = load_plans(sc.replay.source, sc.replay.format) if sc.replay.source else None  # a bad capture: no run
+        transport = Transport(sc.client, sc.target, run.base_url)  # first: a missing secret leaves no half-made run
+        run.write_meta()
+        writer = RecordWriter(run.path("records"), loop=asyncio.get_running_loop())
+        ctx = RunContext(sc, run.run_id, transport.url, transport, writer, tool_schemas(sc.conversation.tools))
+        ctx.replay_plans = plans
+        ctx.shard = run.shard
+        if how.on_context is not None:
+            how.on_context(ctx)
+        self = cls(run, how, ctx, transport, writer)
+        ctx.on_crash = self.write_crashes
+        try:
+            self.extras = await start_observers(ctx, run.run_dir, run.meta, run.metrics_port)
+        except BaseException:  # e.g. --metrics-port already taken: nothing was sent yet
+            self.sampler.close()
+            writer.close()
+            await transport.close()
+            raise
+        return self
+
+    def write_crashes(self) -> None:
+        """The moment a crash happens: a run killed later still has it."""
+        self.meta["crashes"] = list(self.ctx.crashes)
+        self.meta["crash_count"] = self.ctx.crash_count
+        self.run.write_meta()
+
+    async def start(self) -> None:
+        """What the server says of itself, signals, the background jobs; then the agents (or the drive)."""
+        run, ctx = self.run, self.ctx
+        if not run.embedded_mock and "fleet" not in self.meta and run.first:
+            # what the server says of itself (llama.cpp's /props: slots, n_ctx per slot, tool calls), bounded
+            self.meta["server_props"] = await server_props.fetch(run.base_url, self.transport.headers,
+                                                                 run.scenario.client.connect_timeout_s)
+            run.write_meta()
+        if self.how.on_started is not None:
+            self.how.on_started(self.meta)
+        if run.install_signals:
+            self.install_signals()
+        self.background = [asyncio.create_task(_supervise(ctx, name, job), name=name) for name, job in self.jobs()]
+        if self.how.gate is not None:
+            ctx.arrivals_t0 = await self.how.gate()  # every part's agents start at the same moment
+        drive = self.how.drive
+        self.arrivals = asyncio.create_task(drive(ctx) if drive is not None else _arrivals(ctx, self.agent_tasks),
+                                            name="arrivals")
+
+    def install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.on_signal, sig.name)
+        loop.add_signal_handler(signal.SIGUSR1, dump.on_sigusr1, self.ctx, self.run.run_dir, self.meta["t0_ns"])
+        self.signals_installed = True
+
+    def on_signal(self, signame: str) -> None:
+        self.interrupts += 1
+        ctx = self.ctx
+        if self.interrupts == 1 and not ctx.stopping:
             ctx.stop(f"interrupted ({signame})", by="interrupted")
             print(f"\nagentload: {signame}: no new rounds; in-flight requests get up to give_up_s="
-                  f"{sc.stall.give_up_s:g} s, then the full report (signal again to stop now)",
+                  f"{ctx.scenario.stall.give_up_s:g} s, then the full report (signal again to stop now)",
                   file=sys.stderr, flush=True)
-        elif not hard_stop.is_set():  # a second signal, or one while already winding down: stop now
-            hard_stop.set()
+        elif not self.hard_stop.is_set():  # a second signal, or one while already winding down: stop now
+            self.hard_stop.set()
             print(f"\nagentload: {signame}: stopping now; writing what was recorded", file=sys.stderr, flush=True)
 
-    if install_signals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal, sig.name)
-        loop.add_signal_handler(signal.SIGUSR1, dump.on_sigusr1, ctx, out_dir, meta["t0_ns"])
+    def jobs(self) -> list[tuple[str, Callable[[], Awaitable[Any]]]]:
+        """Every background job; each runs supervised (a crash is recorded and the job restarted, see _supervise)."""
+        ctx, sampler, run = self.ctx, self.sampler, self.run
+        jobs: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+            ("watchdog", functools.partial(watchdog, ctx)),
+            ("sampler", sampler.run),
+            ("lag", sampler.probe_lag),
+            ("stall-dumps", functools.partial(dump.watch_stalls, ctx, run.run_dir, self.meta["t0_ns"]))]
+        if run.scenario.canary.every_s > 0 and run.first:
+            jobs.append(("canary", functools.partial(canaries, ctx, itertools.count())))
+        self.prober = Prober(ctx) if run.scenario.stall.probes and run.first else None
+        if self.prober is not None:  # a stall wave's probes (agentload.run.probes)
+            jobs.append(("probes", self.prober.run))
+        jobs.extend(self.extras.jobs())
+        on_tick = self.how.on_tick
+        if on_tick is not None:
+            async def ticker() -> None:  # with every full snapshot: once a second
+                await follow(ctx.snapshots, lambda snap: on_tick(ctx, sampler), full=True)
+            jobs.append(("live", ticker))
+        return jobs
 
-    agent_tasks: set[asyncio.Task] = set()
-    # Every background job runs supervised: a crash is recorded and the job restarted (see _supervise).
-    jobs: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
-        ("watchdog", functools.partial(watchdog, ctx)),
-        ("sampler", sampler.run),
-        ("lag", sampler.probe_lag),
-        ("stall-dumps", functools.partial(dump.watch_stalls, ctx, out_dir, meta["t0_ns"]))]
-    first = (worker is None or worker.index == 0) and ctx.shard[0] == 0
-    if sc.canary.every_s > 0 and first:
-        jobs.append(("canary", functools.partial(canaries, ctx, itertools.count())))
-    prober = Prober(ctx) if sc.stall.probes and first else None
-    if prober is not None:  # a stall wave's probes (agentload.run.probes)
-        jobs.append(("probes", prober.run))
-    jobs.extend(extras.jobs())
-    if on_tick is not None:
-        async def ticker() -> None:  # with every full snapshot: once a second
-            await follow(ctx.snapshots, lambda snap: on_tick(ctx, sampler), full=True)
-        jobs.append(("live", ticker))
-    background = [asyncio.create_task(_supervise(ctx, name, job), name=name) for name, job in jobs]
+    async def until_stopped(self) -> None:
+        """Phase 1: run until every agent is done, the duration is over, or a signal comes.
 
-    if worker is not None and worker.gate is not None:
-        ctx.arrivals_t0 = await worker.gate()  # every worker's agents start at the same moment
-    arrivals = asyncio.create_task(drive(ctx) if drive is not None else _arrivals(ctx, agent_tasks),
-                                   name="arrivals")
-    duration = sc.agents.duration_s
-    started = time.monotonic()
-    cut_short = False
-    # One waiter for "no agent left" and one for "stop", not a callback on every agent task per
-    # wake-up: with 10,000 agents that would cost O(agents) each time one of them ends.
-    ctx.agents_idle.set()
-    idle_wait = asyncio.create_task(ctx.agents_idle.wait())
-    stop_wait = asyncio.create_task(ctx.stop_event.wait())
-    gc_restore = gc_for_run()
-    runner_crashed = False
-    arrivals_checked = False
-    try:
-        # Phase 1: run until every agent is done, the duration is over, or a signal comes.
+        One waiter for "no agent left" and one for "stop", not a callback on every agent task per
+        wake-up: with 10,000 agents that would cost O(agents) each time one of them ends."""
+        ctx, arrivals, tasks = self.ctx, self.arrivals, self.agent_tasks
+        assert arrivals is not None
+        duration = ctx.scenario.agents.duration_s
+        started = time.monotonic()
+        ctx.agents_idle.set()
+        idle_wait = asyncio.create_task(ctx.agents_idle.wait())
+        stop_wait = asyncio.create_task(ctx.stop_event.wait())
+        self.waits = [idle_wait, stop_wait]
+        self.gc_restore = gc_for_run()
+        arrivals_checked = False
         while True:
             if arrivals.done() and not arrivals_checked:
                 arrivals_checked = True
@@ -544,7 +557,7 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
                     ctx.record_crash("arrivals", exc)
                     ctx.stop("agentload crashed: the arrivals task", by="crashed")
                     break
-            if arrivals.done() and not agent_tasks:
+            if arrivals.done() and not tasks:
                 break
             timeout = RUN_LOOP_POLL_S
             if duration is not None:
@@ -555,78 +568,108 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
                 timeout = min(timeout, left)
             if ctx.stopping:
                 break
-            if idle_wait.done() and agent_tasks:
+            if idle_wait.done() and tasks:
                 idle_wait = asyncio.create_task(ctx.agents_idle.wait())
+                self.waits.append(idle_wait)
             await asyncio.wait([w for w in (arrivals, idle_wait, stop_wait) if not w.done()] or [stop_wait],
                                timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         ctx.stop(ctx.stop_reason or "all agents finished")
-        # Phase 2: in-flight requests get give_up_s (plus grace) to end; a second signal ends it now.
-        if agent_tasks:
-            hard = asyncio.create_task(hard_stop.wait())
-            await _wait_idle_or(ctx, agent_tasks, hard, sc.stall.give_up_s + SHUTDOWN_GRACE_S)
-            hard.cancel()
-        if drive is not None and not arrivals.done():  # its requests in flight: up to give_up_s to end
-            hard = asyncio.create_task(hard_stop.wait())
-            await asyncio.wait([arrivals, hard], timeout=sc.stall.give_up_s + SHUTDOWN_GRACE_S,
-                               return_when=asyncio.FIRST_COMPLETED)
-            hard.cancel()
+
+    async def wind_down(self) -> None:
+        """Phase 2: in-flight requests get give_up_s (plus grace) to end; a second signal ends it now."""
+        ctx, arrivals = self.ctx, self.arrivals
+        assert arrivals is not None
+        if self.agent_tasks:
+            idle = asyncio.create_task(ctx.agents_idle.wait())
+            await self.bounded(idle)
+            idle.cancel()
+        if self.how.drive is not None and not arrivals.done():  # its requests in flight: up to give_up_s to end
+            await self.bounded(arrivals)
             if not arrivals.done():
-                cut_short = True
-        still = [t for t in agent_tasks if not t.done()]
-        if still:
-            cut_short = True
-            for t in still:
-                t.cancel()
-            await asyncio.wait(still, timeout=SHUTDOWN_GRACE_S)
-        if prober is not None and not prober.idle.is_set() and not hard_stop.is_set():
+                self.cut_short = True
+        if await self.cancel_agents():
+            self.cut_short = True
+        prober = self.prober
+        if prober is not None and not prober.idle.is_set() and not self.hard_stop.is_set():
             # a stall wave's experiment in progress: its answer is the verdict's evidence (same bound)
-            hard = asyncio.create_task(hard_stop.wait())
             idle = asyncio.create_task(prober.idle.wait())
-            await asyncio.wait([idle, hard], timeout=sc.stall.give_up_s + SHUTDOWN_GRACE_S,
-                               return_when=asyncio.FIRST_COMPLETED)
-            hard.cancel()
+            await self.bounded(idle)
             idle.cancel()
         if not arrivals.done():
             arrivals.cancel()
-    except Exception as e:  # agentload's run loop itself failed: record it, stop, still write every file
-        runner_crashed = True
-        ctx.record_crash("runner", e)
-        ctx.stop("agentload crashed: the run loop", by="crashed")
-        arrivals.cancel()
-        still = [t for t in agent_tasks if not t.done()]
+
+    async def bounded(self, waiting: asyncio.Future) -> None:
+        """Wait for `waiting` at most give_up_s plus the grace period; the hard stop ends the wait now."""
+        hard = asyncio.create_task(self.hard_stop.wait())
+        try:
+            await asyncio.wait([waiting, hard], timeout=self.ctx.scenario.stall.give_up_s + SHUTDOWN_GRACE_S,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hard.cancel()
+
+    async def cancel_agents(self) -> bool:
+        """Cancel the agent tasks still running (their requests are recorded cut short); True if any were."""
+        still = [t for t in self.agent_tasks if not t.done()]
         for t in still:
             t.cancel()
         if still:
             await asyncio.wait(still, timeout=SHUTDOWN_GRACE_S)
-    finally:
-        idle_wait.cancel()
-        stop_wait.cancel()
-        for t in background:
+        return bool(still)
+
+    async def abort(self, e: Exception) -> None:
+        """The run loop itself failed: a crash entry, the run stopped, every agent cancelled."""
+        self.runner_crashed = True
+        self.ctx.record_crash("runner", e)
+        self.ctx.stop("agentload crashed: the run loop", by="crashed")
+        if self.arrivals is not None:
+            self.arrivals.cancel()
+        await self.cancel_agents()
+
+    async def close(self) -> None:
+        """Stop the background jobs, close every file and the transport, write run.json's end."""
+        for w in self.waits:
+            w.cancel()
+        await self.stop_background()
+        # Each closing step on its own: one that fails is a crash entry, the others still run and
+        # run.json is still written.
+        for name, step in (("snapshot", functools.partial(_final_snapshot, self.ctx)),
+                           ("sampler", self.sampler.sample), ("sampler", self.sampler.close),
+                           ("observers", self.extras.close), ("transport", self.transport.close),
+                           ("writer", self.writer.close)):
+            try:
+                r = step()
+                if asyncio.iscoroutine(r):
+                    await r
+            except Exception as e:
+                self.ctx.record_crash(name, e)
+        if self.signals_installed:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+                loop.remove_signal_handler(sig)
+        self.write_end()
+        if self.gc_restore is not None:
+            self.gc_restore()
+
+    async def stop_background(self) -> None:
+        ctx = self.ctx
+        for t in self.background:
             t.cancel()
         # bounded: a job that swallowed its cancel must not keep the run from writing its files
-        done, pending = await asyncio.wait(background, timeout=SHUTDOWN_GRACE_S) if background else (set(), set())
+        if not self.background:
+            return
+        done, pending = await asyncio.wait(self.background, timeout=SHUTDOWN_GRACE_S)
         for t in done:
             if not t.cancelled() and t.exception() is not None:  # _supervise records; this is a fault in it
                 ctx.record_crash(t.get_name(), t.exception())
         for t in pending:
             ctx.record_crash(t.get_name(), RuntimeError(f"background task {t.get_name()} did not stop "
                                                         f"within {SHUTDOWN_GRACE_S:g} s of its cancel"))
-        # Each closing step on its own: one that fails is a crash entry, the others still run and
-        # run.json is still written.
-        for name, step in (("snapshot", functools.partial(_final_snapshot, ctx)), ("sampler", sampler.sample),
-                           ("sampler", sampler.close), ("observers", extras.close),
-                           ("transport", transport.close), ("writer", writer.close)):
-            try:
-                r = step()
-                if asyncio.iscoroutine(r):
-                    await r
-            except Exception as e:
-                ctx.record_crash(name, e)
-        if install_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
-                loop.remove_signal_handler(sig)
-        interrupted = interrupts > 0
-        if runner_crashed or ctx.stopped_by == "crashed":
+
+    def write_end(self) -> None:
+        """run.json's last write: how the run ended and what it did."""
+        ctx = self.ctx
+        interrupted = self.interrupts > 0
+        if self.runner_crashed or ctx.stopped_by == "crashed":
             ended_by = "crashed"
         elif interrupted:
             ended_by = "interrupted"
@@ -635,34 +678,21 @@ async def execute(sc: Scenario, out_dir: Path, base_url: str, *, embedded_mock: 
         # Cut short: requests in flight were cut (their cut_short records), a signal stopped the run,
         # or agentload stopped it. Agents that start no further round at duration_s are not: that
         # is how a run with a duration ends.
-        cut_short = (cut_short or interrupted or ended_by == "crashed" or ctx.counts["cut_short"] > 0)
-        meta.update({"ended": True, "ended_normally": not interrupted and ended_by != "crashed",
-                     "cut_short": cut_short, "ended_by": ended_by,
-                     "stop_reason": ctx.stop_reason, "t_end_ns": _now(), "t_end_unix": time.time(),
-                     "records": writer.count, "max_loop_lag_ms": round(ctx.loop_lag.max_ms, 3),
-                     # request bodies kept compressed while they waited for the pool (client.park_queued_bodies_mb)
-                     "parked_bodies": ctx.transport.queued_bodies.parked,
-                     "gated_requests": ctx.transport.gated_requests(),
-                     # agents.count's share of this process, those started, those due and never started
-                     "agents_asked": ctx.agents_asked, "agents_started": ctx.agents_started,
-                     "agents_due_unstarted": ctx.agents_due_unstarted,
-                     "crashes": list(ctx.crashes), "crash_count": ctx.crash_count})
-        write_run_json(out_dir / f"run{sfx}.json", meta)
-        gc_restore()
-    return RunOutcome(out_dir, run_id, cut_short, ctx.stop_reason, interrupts > 0, ended_by)
+        cut_short = self.cut_short or interrupted or ended_by == "crashed" or ctx.counts["cut_short"] > 0
+        self.meta.update({"ended": True, "ended_normally": not interrupted and ended_by != "crashed",
+                          "cut_short": cut_short, "ended_by": ended_by,
+                          "stop_reason": ctx.stop_reason, "t_end_ns": _now(), "t_end_unix": time.time(),
+                          "records": self.writer.count, "max_loop_lag_ms": round(ctx.loop_lag.max_ms, 3),
+                          # request bodies kept compressed while they waited for the pool (client.park_queued_bodies_mb)
+                          "parked_bodies": ctx.transport.queued_bodies.parked,
+                          "gated_requests": ctx.transport.gated_requests(),
+                          # agents.count's share of this process, those started, those due and never started
+                          "agents_asked": ctx.agents_asked, "agents_started": ctx.agents_started,
+                          "agents_due_unstarted": ctx.agents_due_unstarted,
+                          "crashes": list(ctx.crashes), "crash_count": ctx.crash_count})
+        self.run.write_meta()
 
 
 def _final_snapshot(ctx: RunContext) -> None:
     """The run's state at its end, for the last sample (the watchdog is stopped by then)."""
     ctx.snapshots.publish(scan(ctx, seq=ctx.snapshots.next_seq(), full=True))
-
-
-async def _wait_idle_or(ctx: RunContext, tasks: set[asyncio.Task], hard: asyncio.Task, timeout: float) -> None:
-    """Wait until no agent task is left (ctx.agents_idle), the hard-stop fires, or the timeout passes."""
-    if not tasks:
-        return
-    idle = asyncio.create_task(ctx.agents_idle.wait())
-    try:
-        await asyncio.wait([idle, hard], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        idle.cancel()
