@@ -206,3 +206,31 @@ def test_a_mooncake_trace_replayed_keeps_arrivals_sizes_and_shared_prefixes(tmp_
     # later requests of each product find the blocks they share with earlier ones in the prefix cache:
     # [11, 12] (two 512-token blocks) for the first product, [21] for the second; the first of each none
     assert [d["cached_tokens"] or 0 for d in recs] == [0, 0, 1024, 512, 1024, 512]
+
+
+@pytest.mark.slow
+@pytest.mark.smg
+def test_a_capture_replayed_through_the_router_soak_bench_is_judged_per_backend(tmp_path):
+    """The user's next step after a capture: replay it at 10x through the router soak bench (agentload
+    starts the mocks and smg); the router section attributes every replayed request to a backend."""
+    from smgproc import smg_executable
+
+    if smg_executable() is None:
+        pytest.skip("the `smg` executable is missing (pip install smg)")
+    mock = MockProcess.start(MockConfig(tool_call_rounds=4, output_tokens=8, decode_tokens_per_s=2000))
+    try:
+        cap = _capture(tmp_path, mock)
+    finally:
+        mock.stop()
+    out = tmp_path / "replay"
+    r = cli("replay", str(cap), "router-soak-smg", "--agents", "10x", "--speed", "10", "--out", str(out), "--no-live",
+            "--set", "agents.duration_s=10", "--set", "agents.restart=false", "--set", "schedule=[]", timeout=400)
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    s = orjson.loads((out / "summary.json").read_bytes())
+    assert s["verdict"]["kind"] in ("healthy", "client_saturated"), r.stdout  # (saturated: a loaded machine)
+    captured = _prompts(cap / "records.jsonl")
+    replayed = _prompts(out / "records.jsonl")
+    assert len(replayed) == 30 and sum(len(x) for x in replayed.values()) == 10 * sum(len(x) for x in captured.values())
+    router = s["router"]
+    assert router["attribution"]["attributed"] == sum(len(x) for x in replayed.values()), router["attribution"]
+    assert "ROUTER smg" in r.stdout
