@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentload.analysis.passes import one_pass
-from agentload.analysis.router import RouterPass
+from agentload.analysis.router import RouterFacts, RouterPass
 from agentload.analysis.verdict import (FactsAccumulator, agent_outcomes, diagnose, failed_reuses, is_server_error,
                                         unstarted_agents, unstarted_line)
 from agentload.records import Record
@@ -34,7 +34,9 @@ class SummaryPass:
     the run's data) the router section (`analysis.router.RouterPass`)."""
 
     def __init__(self, data: RunData | None = None) -> None:
-        self.router = RouterPass(data) if data is not None else None
+        # the fleet behind a router, made once for the router pass and the verdict
+        self.router_facts = RouterFacts(data) if data is not None else None
+        self.router = RouterPass(data, self.router_facts) if data is not None else None
         self.rounds = RoundStats()
         self.facts = FactsAccumulator()
         self.records = 0
@@ -283,7 +285,7 @@ def router_section(data: RunData, sp: SummaryPass) -> dict[str, Any] | None:
     """summary.json's `router` (None without a fleet or a record that names its backend): from the
     pass when it carried the router's consumer (`SummaryPass(data)`), else from a pass of its own."""
     if sp.router is None:
-        sp.router = RouterPass(data)
+        sp.router = RouterPass(data, sp.router_facts)
         one_pass(data, [sp.router])
     return sp.router.result()
 
@@ -295,7 +297,9 @@ def build_summary(data: RunData, sp: SummaryPass | None = None) -> dict[str, Any
     rs = sp.rounds
     overall, own = rs.overall, rs.rounds
     agents = agent_outcomes(data, sp.facts)
-    verdict = diagnose(data, sp.facts)
+    if sp.router_facts is None:
+        sp.router_facts = RouterFacts(data)
+    verdict = diagnose(data, sp.facts, sp.router_facts)
     summary: dict[str, Any] = {
         "run": run_section(data, sp),
         "verdict": verdict,

@@ -12,10 +12,11 @@ once). Two kinds of lines:
   scrape: attempts that failed, and attempts routed that never got an outcome (routed minus
   outcomes: requests still in flight, or abandoned because the client left).
 
-Each router family is a table of its metric names and what they mean (`SMG`, `VLLM_ROUTER`,
-`LITELLM`) and one function that reads them (`_smg_at`, `_vllm_router_at` for a moment; `_counters`
-over the run, shared: every family counts per worker the same way, under its own worker label). The lines name a worker only when the
-router's numbers say it: most of the requests in question, and more than all other workers together.
+Every router is read through one table, `analysis.router.families` (its metric names, what they
+mean, how its attempts in flight show): one function per reading, whatever the router (`_router_at`
+at a moment, `_counters` over the run, each under the family's own worker label). The lines name a
+worker only when the router's numbers say it: most of the requests in question, and more than all
+other workers together.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from agentload.analysis.router.families import ROUTERS, RouterFamily, family_of
 from agentload.records import Record
 from agentload.records.phases import BY_NAME, WAITING_FOR
 from agentload.records.target_metrics import TargetMetrics
@@ -31,76 +33,6 @@ from agentload.records.target_metrics import TargetMetrics
 if TYPE_CHECKING:
     from agentload.records.rundir import RunData
 
-
-@dataclass(frozen=True)
-class RouterFamily:
-    """One router's Prometheus names (per worker: label `worker`) and what each counts."""
-
-    name: str
-    routed: str  # counter: attempts the router sent to a worker (a retry is another attempt)
-    outcomes: str  # counter, label outcome = success | failure: attempts that ended, per worker
-    retries: str | None = None  # counter: attempts retried (not per worker)
-    active: str | None = None  # gauge: attempts in flight per worker, live
-    meaning: tuple[tuple[str, str], ...] = ()  # the table: metric -> what it means here
-    worker_label: str = "worker"  # the label naming the worker (LiteLLM: api_base)
-    # a counter of failed attempts alone (no outcome label), read instead of outcomes{outcome="failure"}
-    failures: str | None = None
-    # routed counts an attempt when it is sent (routed - outcomes: not ended); False: when it ends,
-    # so nothing in flight shows and a hang is not localised
-    counts_at_send: bool = True
-    # gauges of what the router holds in flight: (name, how many the scrape itself adds, what it
-    # counts); agentload.analysis.router compares them with agentload's own requests (a leak: the
-    # router still counts requests after every one of agentload's ended)
-    inflight: tuple[tuple[str, int, str], ...] = ()
-
-
-# smg (SGLang's model gateway, PyPI `smg`): checked against 1.13
-SMG = RouterFamily(
-    "smg", routed="smg_worker_requests_total", outcomes="smg_worker_cb_outcomes_total",
-    retries="smg_worker_retries_total", active="smg_worker_requests_active",
-    meaning=(
-        ("smg_worker_requests_active", "attempts in flight per worker (live gauge)"),
-        ("smg_worker_requests_total", "attempts sent per worker"),
-        ("smg_worker_cb_outcomes_total", "attempts ended per worker, outcome=success|failure (failure: an error "
-                                         "status or no answer)"),
-        ("smg_worker_retries_total", "attempts retried on another worker (per endpoint, not per worker)"),
-        ("smg_admission_inflight", "requests holding an admission permit"),
-    ),
-    inflight=(("smg_worker_requests_active", 0, "attempts in flight per worker"),
-              ("smg_admission_inflight", 0, "requests holding an admission permit")))
-# vllm-router (PyPI `vllm-router`, a Rust router; not vLLM's production-stack router): checked against 0.1.17.
-# It has no in-flight gauge: routed minus outcomes is what it sent a worker and never saw end.
-VLLM_ROUTER = RouterFamily(
-    "vllm-router", routed="vllm_router_policy_decisions_total", outcomes="vllm_router_cb_outcomes_total",
-    retries="vllm_router_retries_total",
-    meaning=(
-        ("vllm_router_policy_decisions_total", "attempts routed per worker (label policy too)"),
-        ("vllm_router_cb_outcomes_total", "attempts ended per worker, outcome=success|failure; none is counted "
-                                          "for an attempt the client abandoned"),
-        ("vllm_router_retries_total", "attempts retried (per route, not per worker): a worker's 5xx is retried "
-                                      "on another worker by default"),
-        ("vllm_router_worker_health", "1 while the worker passes its health check"),
-    ))
-# LiteLLM's proxy (PyPI `litellm[proxy]`, with `callbacks: ["prometheus"]`; /metrics behind the
-# master key: [target] metrics_api_key_env): checked against 1.108.7. Per deployment (label api_base,
-# "" for a request refused before routing) it counts attempts when they end, so a hang shows only
-# once it ends (a timeout: a failure); litellm_in_flight_requests is one gauge for the whole proxy.
-LITELLM = RouterFamily(
-    "litellm", routed="litellm_deployment_total_requests_total", outcomes="litellm_deployment_success_responses_total",
-    failures="litellm_deployment_failure_responses_total", worker_label="api_base", counts_at_send=False,
-    meaning=(
-        ("litellm_deployment_total_requests_total", "attempts ended per deployment (success + failure), counted at "
-                                                    "the end"),
-        ("litellm_deployment_success_responses_total", "attempts that succeeded per deployment"),
-        ("litellm_deployment_failure_responses_total", "attempts that failed per deployment (label exception_class: "
-                                                       "APITimeoutError for a stream_timeout, an in-band 408)"),
-        ("litellm_deployment_state", "0 healthy, 1 partial outage (a failure), 2 complete outage"),
-        ("litellm_in_flight_requests", "HTTP requests in flight at the proxy (all routes, every deployment)"),
-    ),
-    # the gauge counts every HTTP request in flight, the /metrics scrape reading it included
-    inflight=(("litellm_in_flight_requests", 1, "HTTP requests in flight at the proxy, the scrape itself "
-                                                "not counted"),))
-ROUTERS = (SMG, VLLM_ROUTER, LITELLM)
 
 # engine gauges read at the stall moment: name -> (who, what it counts)
 GAUGES = {
@@ -118,7 +50,6 @@ GAUGES = {
 ENGINE_QUEUE = (("llamacpp:requests_processing", "llamacpp:requests_deferred"),
                 ("vllm:num_requests_running", "vllm:num_requests_waiting"),
                 ("sglang:num_running_reqs", "sglang:num_queue_reqs"))
-ROUTER_PER_WORKER = SMG.active  # kept for callers of the first version
 # what a request stalled in a server phase waited for (the phase table's `waiting_for`)
 _WAIT = {ph: f"waited for {what} ({ph})" for ph, what in WAITING_FOR.items()}
 
@@ -127,13 +58,6 @@ def _fmt(v: float | None) -> str:
     if v is None:
         return "n/a"
     return f"{v:.0f}" if float(v).is_integer() else f"{v:.2f}"
-
-
-def family_of(tm: TargetMetrics, url: str) -> RouterFamily | None:
-    """The router family whose per-worker counters this URL serves (None: not a router we know)."""
-    names = {s.name for (u, _), s in tm.series.items() if u == url}
-    return next((fam for fam in ROUTERS if fam.routed in names or fam.outcomes in names
-                 or (fam.failures and fam.failures in names)), None)
 
 
 def _per_worker(tm: TargetMetrics, url: str, name: str, t: int, keep: Callable[[dict], bool] | None = None,
@@ -226,43 +150,44 @@ def _held(url_total: float, top: tuple[str, float], k: int, what: str, unit: str
             f"request(s) {what}: what held them is behind the router, on that worker (a hang, or a queue when they finished late)")
 
 
-def _smg_at(tm: TargetMetrics, url: str, t: int, k: int, what: str, when: str) -> list[str]:
-    """smg's live per-worker gauge at the stall moment."""
-    if not tm.family(url, SMG.active):
+# how each RouterFamily.moment reads a router's attempts in flight per worker at one scrape: what
+# the line calls the count, its unit, and what a count of 0 for every worker says
+_MOMENT = {
+    "gauge": ("{active}", "active request(s)",
+              "the router reported 0 active requests for every worker while {k} agent request(s) {what}: the "
+              "stalled requests were not in flight at the router; look between agentload and the router (a proxy, "
+              "the client) or at the router's own accounting"),
+    "unended": ("attempts routed and not ended ({routed} - {outcomes}, above the fewest an earlier scrape saw)",
+                "unended attempt(s)",
+                "the router had seen every attempt it routed end while {k} agent request(s) {what}: the stalled "
+                "requests were not in flight at the router; look between agentload and the router or at the "
+                "router's own accounting"),
+}
+
+
+def _router_at(fam: RouterFamily, tm: TargetMetrics, url: str, t: int, k: int, what: str, when: str,
+               times: list[int]) -> list[str]:
+    """What the router held in flight per worker at the stall moment, as its family reads it
+    (`RouterFamily.moment`): its live gauge, or attempts routed without an outcome."""
+    how = fam.moment
+    if how == "gauge" and fam.active and tm.family(url, fam.active):
+        c = _per_worker(tm, url, fam.active, t)
+        workers = list(c)
+    elif how == "unended" and tm.family(url, fam.routed):
+        c = _unfinished(fam, tm, url, times, t)
+        workers = _workers(tm, url, fam)
+    else:
         return []
-    c = _per_worker(tm, url, SMG.active, t)
-    out = [f"router {url} at {when}, while {k} agent request(s) {what}: {SMG.active} = "
-           f"{_per_text(c, list(c))}"]
+    name, unit, none = _MOMENT[how]
+    name = name.format(active=fam.active, routed=fam.routed, outcomes=fam.outcomes)
+    out = [f"router {url} at {when}, while {k} agent request(s) {what}: {name} = {_per_text(c, workers)}"]
     total = sum(c.values())
     if total == 0:
-        out.append(f"the router reported 0 active requests for every worker while {k} agent request(s) "
-                   f"{what}: the stalled requests were not in flight at the router; look between "
-                   f"agentload and the router (a proxy, the client) or at the router's own accounting")
+        out.append(none.format(k=k, what=what))
     else:
         top = _top(c, k)
         if top:
-            out.append(_held(total, top, k, what, "active request(s)"))
-    return out
-
-
-def _vllm_router_at(tm: TargetMetrics, url: str, t: int, k: int, what: str, when: str, times: list[int]
-                    ) -> list[str]:
-    """vllm-router has no in-flight gauge: attempts routed since the first scrape without an outcome."""
-    fam = VLLM_ROUTER
-    if not tm.family(url, fam.routed):
-        return []
-    c = _unfinished(fam, tm, url, times, t)
-    out = [f"router {url} at {when}, while {k} agent request(s) {what}: attempts routed and not ended "
-           f"({fam.routed} - {fam.outcomes}, above the fewest an earlier scrape saw) = {_per_text(c, _workers(tm, url, fam))}"]
-    total = sum(c.values())
-    if total == 0:
-        out.append(f"the router had seen every attempt it routed end while {k} agent request(s) {what}: the "
-                   f"stalled requests were not in flight at the router; look between agentload and the router "
-                   f"or at the router's own accounting")
-    else:
-        top = _top(c, k)
-        if top:
-            out.append(_held(total, top, k, what, "unended attempt(s)"))
+            out.append(_held(total, top, k, what, unit))
     return out
 
 
@@ -400,8 +325,8 @@ def target_evidence(data: "RunData", stalled: list[Record], tm: TargetMetrics | 
         phases = sorted({w[2] for w in best})
         what = _WAIT.get(phases[0], "were stalled") if len(phases) == 1 else "were stalled"
         when = f"+{(best_t - t0) / 1e9:.1f} s"
-        out.extend(_smg_at(tm, url, best_t, k, what, when))
-        out.extend(_vllm_router_at(tm, url, best_t, k, what, when, times))
+        for fam in ROUTERS:
+            out.extend(_router_at(fam, tm, url, best_t, k, what, when, times))
         for name, (who, label) in GAUGES.items():
             fam = tm.family(url, name)
             if not fam:

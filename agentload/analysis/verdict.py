@@ -35,11 +35,12 @@ from agentload.endpoint import api_url, base_path, with_version
 from agentload.records import PROBE_KINDS, Record, phase_at, phase_ns, tool_calls_sendable
 from agentload.records.record import TRUNCATED
 from agentload.records.overflow import overflow
+from agentload.records.fleet import MIN_NAMED_BACKENDS
 from agentload.records.phases import SERVER_PHASES, phase_begin
 from agentload.analysis.passes import one_pass, order_key
 from agentload.analysis.stats import SparseHistogram, band_ranges, fmt_dur as _dur, pct_ms, percentiles_ms, quantile_ms
 from agentload.analysis.tallies import CanaryTally, CodeTally, FirstSeenCounts, ReuseTally, SizeCounts, Spans
-from agentload.analysis.router import MIN_NAMED_BACKENDS, attribute, backend_evidence, router_inflight
+from agentload.analysis.router import RouterFacts
 from agentload.analysis.target_evidence import engine_queue_evidence, engine_work, router_evidence, target_evidence
 from agentload.analysis.proxies import (BURST_CHUNKS_PER_READ, BURST_MIN_CHUNKS, BURST_MIN_WAIT_MS, AdmissionLimit,
                                         BurstTally, FixedTimeout, admission_limit, fixed_timeout,
@@ -595,15 +596,17 @@ class PoolApart:
 
 class Facts:
     """What every rule reads, computed once from the run folder's data: from the accumulator
-    of the report's one pass over the records, or (without one) from a pass of its own."""
+    of the report's one pass over the records, or (without one) from a pass of its own. `router`:
+    the fleet behind a router as the router analysis gives it (made here when not given)."""
 
-    def __init__(self, data: "RunData", acc: FactsAccumulator | None = None):
+    def __init__(self, data: "RunData", acc: FactsAccumulator | None = None, router: RouterFacts | None = None):
         if acc is None:
             acc = FactsAccumulator()
             one_pass(data, [acc])
         acc.close()
         self.acc = acc
         self.data = data
+        self.router = router if router is not None else RouterFacts(data)
         self.meta = data.meta
         sc = data.meta.get("scenario") or {}
         self.scenario = sc
@@ -668,11 +671,11 @@ class Facts:
     def attribution(self) -> dict[int, tuple[str | None, str | None]]:
         """The backend (and in PD mode the prefill worker) of every troubled record: its own
         `backend`, else the backend logs' line with its request id (read once, for these only)."""
-        return attribute(self.data, self.acc.troubled)
+        return self.router.attribute(self.acc.troubled)
 
     def backend_lines(self, bad: list[Record], what: str) -> list[str]:
         """Which backend(s) served `bad` (the requests a finding is about), and the scheduled fault there."""
-        return backend_evidence(self.data, bad, what, self.attribution, len(self.acc.backends))
+        return self.router.backend_lines(bad, what, self.attribution, len(self.acc.backends))
 
     @cached_property
     def stall_windows(self) -> StallWindows | None:
@@ -1067,7 +1070,7 @@ def probe_reading(f: Facts, st: list[Record], thr: int | None,
     where: dict[int, str | None] = {}
     stalled_on: set[str] = set()
     if fleet and waves:
-        where = {k: v[0] for k, v in attribute(f.data, f.acc.probes).items()}
+        where = {k: v[0] for k, v in f.router.attribute(f.acc.probes).items()}
         stalled_on = {b for r in st if (b := f.attribution.get(id(r), (None, None))[0]) is not None}
     backend_text = ""
     for wave, p in sorted(waves.items())[:MAX_WAVE_LINES]:
@@ -2114,7 +2117,7 @@ def rule_router_leak(f: Facts) -> Finding | None:
     one of agentload's requests ended: its accounting leaked, and a load-aware policy sees a worker
     busier than it is. Read only when agentload knows it had none in flight (the run ended, and its
     last request ended before that scrape)."""
-    leaks = [x for x in router_inflight(f.data.target_metrics, f.meta, f.acc.min_start, f.acc.max_end)
+    leaks = [x for x in f.router.inflight(f.acc.min_start, f.acc.max_end)
              if x["leaked"] > 0]
     if not leaks:
         return None
@@ -2206,10 +2209,11 @@ def healthy(f: Facts) -> dict[str, Any]:
     return v
 
 
-def diagnose(data: "RunData", acc: FactsAccumulator | None = None) -> dict[str, Any]:
+def diagnose(data: "RunData", acc: FactsAccumulator | None = None, router: RouterFacts | None = None) -> dict[str, Any]:
     """The verdict: the lead finding's fields, its evidence, and the others as `secondary`.
-    `acc`: the facts gathered by the report's pass over the records (else a pass of its own)."""
-    f = Facts(data, acc)
+    `acc`: the facts gathered by the report's pass over the records (else a pass of its own);
+    `router`: the router analysis's facts of the run (else made here)."""
+    f = Facts(data, acc, router)
     found = findings(f)
     if not found:
         if not f.requests:

@@ -11,6 +11,8 @@ Written by the run path, read by analysis and the reports; imports nothing above
   stream of its records (`iter_records`; no list of every record);
 - `interval_log`: the HdrHistogram interval log (`intervals.hlog`) writer;
 - `target_metrics`: the target's Prometheus scrapes (`target_metrics.jsonl`) read back.
+- `fleet`: a fleet behind a router as the run folder records it (run.json's `fleet`, the fault
+  schedule as applied, each backend's request log).
 """
 
 from agentload.records.record import (  # the names every layer uses
