@@ -1,7 +1,8 @@
 """One small supervisor for the child processes agentload, its tests and its benchmark start.
 
 Used by the embedded mock server (`agentload.mock.process`), `--workers` (`agentload.run.workers`),
-the smg router in the tests (`tests/smgproc.py`) and the benchmark's server (`bench/run.py`):
+the fleet's router (`agentload.fleet`), the servers the tests start (routers, proxies, llama.cpp)
+and the benchmark's server (`bench/run.py`):
 
     child = ChildProcess.start(cmd, name="mock server", lifeline=True, stderr=errfile)
     line = child.wait_line("AGENTLOAD_MOCK_READY port=", timeout_s=15)   # or child.wait_url(url, ...)
@@ -21,6 +22,11 @@ the smg router in the tests (`tests/smgproc.py`) and the benchmark's server (`be
   interpreter exits (atexit); `lifeline=True` keeps a pipe on the child's stdin whose EOF tells
   it the parent is gone (the child must watch it), and `die_with_parent=True` asks Linux to
   SIGKILL it when the parent dies (PR_SET_PDEATHSIG).
+- A server on free ports: `start_listening(command, ready_urls, ...)` picks free loopback ports
+  (`free_port`), starts `command(ports)` with its output appended to a log file, and waits until
+  its readiness URLs answer. A port found free can be taken by another process before the child
+  binds it: a child that then fails (its log says "address already in use", or it exited and its
+  port is held by someone else) is started again on new ports, a bounded number of times.
 - The child is reaped only in `stop()` (`poll()` and `wait_exit()` look without reaping where
   the OS allows it), so its process group id cannot be reused before `stop()` has signalled it.
 
@@ -33,14 +39,17 @@ import atexit
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
-__all__ = ["ChildProcess", "NotReady", "wait_lines"]
+__all__ = ["ChildProcess", "Listening", "NotReady", "free_port", "log_tail", "start_listening", "wait_lines"]
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only, never a proxy
 _WAITID = hasattr(os, "waitid") and hasattr(os, "WNOWAIT")
@@ -308,6 +317,120 @@ def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+
+
+# ------------------------------------------------------------ a server on free ports
+
+IN_USE = "address already in use"  # how servers (Rust, C, Python) word a port taken under them
+START_ATTEMPTS = 3
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on at this moment (bound to port 0, read, closed). Another
+    process can take it before a child binds it: `start_listening` starts again on a new one."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _port_held(host: str, port: int) -> bool:
+    """Someone listens on `port` (SO_REUSEADDR: a closed connection's TIME_WAIT does not count)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def log_tail(path: Path | str, limit: int = 3000, start: int = 0) -> str:
+    """The last `limit` characters of a log file from byte `start` on ("" if it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(start, size - 4 * limit))
+            return f.read().decode(errors="replace")[-limit:]
+    except OSError:
+        return ""
+
+
+@dataclass
+class Listening:
+    """A server `start_listening` started and saw ready: its process, the ports it was given (the
+    first is `port`), its command line and what the first readiness check returned."""
+
+    child: ChildProcess
+    ports: tuple[int, ...]
+    argv: list[str]
+    log_path: Path
+    ready: Any
+    host: str = "127.0.0.1"
+
+    @property
+    def port(self) -> int:
+        return self.ports[0]
+
+    @property
+    def base(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def log_tail(self, limit: int = 3000) -> str:
+        return log_tail(self.log_path, limit)
+
+    def stop(self, grace_s: float = 5.0) -> int | None:
+        """SIGTERM to its process group, SIGKILL after `grace_s` (at once with 0); idempotent."""
+        return self.child.stop(grace_s)
+
+
+def start_listening(command: Callable[[tuple[int, ...]], Sequence[str]],
+                    ready_urls: Callable[[tuple[int, ...]], Sequence[str]], *, name: str, log_path: Path | str,
+                    timeout_s: float, ports: int = 1, ok: Callable[[int, bytes], Any] | None = None,
+                    env: dict[str, str] | None = None, cwd: Any = None, every_s: float = 0.1,
+                    probe_timeout_s: float = 2.0, host: str = "127.0.0.1",
+                    describe_log: Callable[[], str] | None = None,
+                    attempts: int = START_ATTEMPTS) -> Listening:
+    """Start `command(ports)` on `ports` free ports of `host`, its stdout and stderr appended to
+    `log_path`, and wait until each of `ready_urls(ports)` answers in turn (the first as `ok` says,
+    default status 200; the others 200), each within `timeout_s`, or the child exits.
+
+    A child whose port was taken between `free_port` and its bind (its log since this start says
+    "address already in use", or it exited and one of its ports is now held by another process) is
+    killed and started again on new ports, at most `attempts` starts in all. Anything else that
+    keeps it from getting ready is not tried again. Either way it is killed and NotReady raised:
+    `<why>; <log file name>: <the log's tail>` (`describe_log()` in place of that tail if given).
+    The caller stops the returned server: `.child.stop(grace_s)` (SIGTERM, then SIGKILL)."""
+    log_path = Path(log_path)
+    for attempt in range(1, attempts + 1):
+        got = tuple(free_port(host) for _ in range(ports))
+        argv = list(command(got))
+        try:
+            offset = log_path.stat().st_size
+        except OSError:
+            offset = 0
+        with open(log_path, "ab") as log:
+            child = ChildProcess.start(argv, name=name, stdout=log, stderr=log, env=env, cwd=cwd,
+                                       die_with_parent=True)
+        try:
+            urls = list(ready_urls(got))
+            ready = child.wait_url(urls[0], timeout_s, ok, every_s=every_s, probe_timeout_s=probe_timeout_s)
+            for url in urls[1:]:
+                child.wait_url(url, timeout_s, every_s=every_s, probe_timeout_s=probe_timeout_s)
+            return Listening(child, got, argv, log_path, ready, host)
+        except BaseException as e:
+            child.kill()
+            if not isinstance(e, NotReady):
+                raise
+            taken = (IN_USE in log_tail(log_path, start=offset).lower()
+                     or (e.exited and any(_port_held(host, p) for p in got)))
+            if taken and attempt < attempts:
+                continue
+            why = f"{e} (its port was taken {attempt} times)" if taken else str(e)
+            tail = describe_log() if describe_log is not None else log_tail(log_path)
+            raise NotReady(f"{why}; {log_path.name}: {tail.strip()}", child, exited=e.exited,
+                           timeout_s=timeout_s, last=e.last) from None
+    raise AssertionError("unreachable")  # (the loop returns or raises)
 
 
 _LIVE: set[ChildProcess] = set()

@@ -8,6 +8,10 @@ for real.
   `with` block stops the child when the test body fails; a child nobody stopped is killed when
   the parent interpreter exits.
 - repr() shows pid, state and command.
+- start_listening: a server on a free port, ready when its URL answers, its output in a log file;
+  a port taken by another process before the child binds it means a new start on a new port
+  (whether the child's log says "address already in use" or it just exits), bounded; any other
+  failure is one error naming the child, its exit or its wait, and its log's tail, at once.
 - write_atomic: the whole new content or the old file, never a temporary file left over; the
   file's mode is kept.
 """
@@ -15,6 +19,7 @@ for real.
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -25,7 +30,8 @@ import psutil
 import pytest
 
 from agentload.atomic import write_atomic
-from agentload.process import ChildProcess, NotReady, wait_lines
+import agentload.process as process
+from agentload.process import ChildProcess, NotReady, free_port, start_listening, wait_lines
 
 PY = sys.executable
 
@@ -123,6 +129,113 @@ def test_ready_by_url():
         c.wait_url("http://127.0.0.1:9/", 5)
     assert str(info.value) == "gone exited with status 2"
     c.stop()
+
+
+def _http_server(ports):
+    return [PY, "-m", "http.server", "--bind", "127.0.0.1", str(ports[0])]
+
+
+def _root(ports):
+    return [f"http://127.0.0.1:{ports[0]}/"]
+
+
+@pytest.fixture
+def held_port():
+    """A port another process took between `free_port` and the child's bind: the first one
+    start_listening is given is held by a listening socket of this test's own."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def _first_port_held(monkeypatch, held: int, times: int = 1) -> list[int]:
+    given: list[int] = []
+    real = process.free_port
+
+    def free_port(host="127.0.0.1"):
+        given.append(held if len(given) < times else real(host))
+        return given[-1]
+
+    monkeypatch.setattr(process, "free_port", free_port)
+    return given
+
+
+def test_start_listening_on_a_free_port_logs_and_stops(tmp_path):
+    log = tmp_path / "server.log"
+    srv = start_listening(_http_server, _root, name="http.server", log_path=log, timeout_s=20)
+    try:
+        assert srv.child.poll() is None and srv.ready is True and srv.base == f"http://127.0.0.1:{srv.port}"
+        assert srv.argv[-1] == str(srv.port) and "http.server" in repr(srv.child)
+        process.http_get(srv.base + "/")
+        deadline = time.monotonic() + 5  # its request line reaches the log (its stderr)
+        while '"GET / HTTP' not in srv.log_tail():
+            assert time.monotonic() < deadline, srv.log_tail()
+            time.sleep(0.05)
+    finally:
+        srv.stop(grace_s=5)
+    assert srv.child.stopped and srv.child.returncode is not None and _gone(srv.child.pid)
+    with socket.socket() as s:  # the port is free again
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", srv.port))
+
+
+def test_a_port_taken_before_the_child_binds_it_is_a_new_start_on_a_new_port(tmp_path, monkeypatch, held_port):
+    given = _first_port_held(monkeypatch, held_port)
+    log = tmp_path / "server.log"
+    srv = start_listening(_http_server, _root, name="http.server", log_path=log, timeout_s=20)
+    try:
+        assert given[0] == held_port and srv.port == given[1] != held_port
+        assert "address already in use" in log.read_text().lower()  # the first start's own words
+        assert srv.ready is True
+    finally:
+        srv.stop()
+
+
+def test_a_child_that_exits_while_its_port_is_held_elsewhere_starts_again_a_bounded_number_of_times(
+        tmp_path, monkeypatch, held_port):
+    """No "address already in use" in its log (llama-server words it otherwise): its port held by
+    another process after it exited says the same. Never more than `attempts` starts."""
+    given = _first_port_held(monkeypatch, held_port, times=99)
+    starts = []
+
+    def quits(ports):
+        starts.append(ports)
+        return _py("import sys; print('could not bind', flush=True); sys.exit(1)")
+
+    with pytest.raises(NotReady) as info:
+        start_listening(quits, _root, name="quitter", log_path=tmp_path / "q.log", timeout_s=20, attempts=3)
+    assert len(starts) == 3 and given == [held_port] * 3
+    msg = str(info.value)
+    assert msg.startswith("quitter exited with status 1 (its port was taken 3 times); q.log: could not bind"), msg
+    assert info.value.exited and info.value.child.stopped
+
+
+def test_any_other_failure_is_one_error_with_the_log_at_once(tmp_path):
+    starts = []
+
+    def broken(ports):
+        starts.append(ports)
+        return _py("import sys; print('bad config line 3', file=sys.stderr); sys.exit(2)")
+
+    with pytest.raises(NotReady) as info:
+        start_listening(broken, _root, name="broken", log_path=tmp_path / "b.log", timeout_s=20)
+    assert len(starts) == 1
+    assert str(info.value) == "broken exited with status 2; b.log: bad config line 3", str(info.value)
+
+    def silent(ports):  # listens on nothing, never answers: bounded, then killed
+        return _py("import time; time.sleep(60)")
+
+    with pytest.raises(NotReady) as info:
+        start_listening(silent, _root, name="silent", log_path=tmp_path / "s.log", timeout_s=0.5)
+    assert not info.value.exited and "silent not ready within 0.5 s" in str(info.value)
+    assert info.value.child.stopped and _gone(info.value.child.pid)
+
+
+def test_free_port_is_one_nothing_listens_on():
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
 
 
 def test_the_with_block_stops_the_child_when_the_body_fails():

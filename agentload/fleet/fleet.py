@@ -14,7 +14,6 @@ import dataclasses
 import json
 import shlex
 import shutil
-import socket
 import threading
 import time
 from pathlib import Path
@@ -24,14 +23,25 @@ from agentload.errors import UserError
 from agentload.fleet.config import BackendConfig, FleetConfig, RouterConfig
 from agentload.mock.config import MockConfig
 from agentload.mock.process import MockProcess
-from agentload.process import ChildProcess, NotReady
+from agentload.process import ChildProcess, NotReady, start_listening
 from agentload.redact import redact
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def router_ready(workers: int) -> Callable[[int, bytes], bool]:
+    """A router's readiness answer is ready: a 200, and where it counts healthy workers (smg's and
+    vllm-router's /readiness: `healthy_workers`), all `workers` of them."""
+
+    def ready(status: int, body: bytes) -> bool:
+        if status != 200:
+            return False
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            return True
+        healthy = doc.get("healthy_workers") if isinstance(doc, dict) else None
+        return not isinstance(healthy, int) or healthy >= workers
+
+    return ready
 
 
 class Backend:
@@ -127,48 +137,26 @@ class Fleet:
 
     def _start_router(self) -> None:
         rc = self.router_cfg
-        last = ""
-        for _attempt in range(3):  # a free port can be taken between probing and binding
-            self.port, self.metrics_port = free_port(), free_port()
+
+        def command(ports: tuple[int, ...]) -> list[str]:
+            self.port, self.metrics_port = ports
             self.argv = self.command_argv()
-            log = open(self.dir / "router.log", "ab")
-            try:
-                self.router = ChildProcess.start(self.argv, name=self.kind, stdout=log, stderr=log,
-                                                 die_with_parent=True)
-            finally:
-                log.close()
-            self.endpoint = self.fill(rc.endpoint)
-            self.metrics_url = self.fill(rc.metrics_url) if rc.metrics_url else None
-            try:
-                self._wait_router()
-                self.log(f"agentload: fleet: {self.kind} ready at {self.endpoint} (policy {rc.policy or 'default'})")
-                return
-            except NotReady as e:
-                last = f"{e}; router.log: {self.router_log_tail()}"
-                self.router.kill()
-                if "in use" not in self.router_log_tail():
-                    break
-        raise UserError(f"{self.source}: router.command: the router did not become ready: {last}")
+            return self.argv
 
-    def _wait_router(self) -> None:
-        n = len(self.backends)
+        def urls(ports: tuple[int, ...]) -> list[str]:
+            # a router's Prometheus listener may come up a moment after its API: both are waited for
+            return [self.fill(rc.ready_url)] + ([self.fill(rc.metrics_url)] if rc.metrics_url else [])
 
-        def ready(status: int, body: bytes) -> bool:
-            if status != 200:
-                return False
-            try:
-                doc = json.loads(body)
-            except ValueError:
-                return True
-            # smg's and vllm-router's /readiness count healthy workers: wait for all of them
-            healthy = doc.get("healthy_workers") if isinstance(doc, dict) else None
-            return not isinstance(healthy, int) or healthy >= n
-
-        assert self.router is not None
-        self.router.wait_url(self.fill(self.router_cfg.ready_url), self.router_cfg.ready_timeout_s, ready,
-                             every_s=0.2)
-        if self.metrics_url:  # a router's Prometheus listener may come up a moment later
-            self.router.wait_url(self.metrics_url, self.router_cfg.ready_timeout_s, every_s=0.2)
+        try:
+            started = start_listening(command, urls, name=self.kind, log_path=self.dir / "router.log", ports=2,
+                                      timeout_s=rc.ready_timeout_s, ok=router_ready(len(self.backends)),
+                                      every_s=0.2)
+        except NotReady as e:
+            raise UserError(f"{self.source}: router.command: the router did not become ready: {e}") from None
+        self.router = started.child
+        self.endpoint = self.fill(rc.endpoint)
+        self.metrics_url = self.fill(rc.metrics_url) if rc.metrics_url else None
+        self.log(f"agentload: fleet: {self.kind} ready at {self.endpoint} (policy {rc.policy or 'default'})")
 
     def stop(self) -> None:
         if self.router is not None:
@@ -213,12 +201,6 @@ class Fleet:
             else:
                 argv.append(self.fill(arg))
         return argv
-
-    def router_log_tail(self, limit: int = 1500) -> str:
-        try:
-            return (self.dir / "router.log").read_text(errors="replace")[-limit:].strip()
-        except OSError:
-            return ""
 
     # ------------------------------------------------------------ for run.json and the schedule
 
