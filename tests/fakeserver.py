@@ -31,12 +31,6 @@ from aiohttp import web
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def sse_response(request: web.Request, events: list[str], status: int = 200,
                        content_type: str = "text/event-stream") -> web.StreamResponse:
     """Write each event string as given (include the trailing blank line yourself, e.g. 'data: x\\n\\n')."""
@@ -64,7 +58,12 @@ class FakeServer:
         self.handler = handler
         self.path = path
         self.gets = dict(gets or {})  # more GET routes (path -> handler), e.g. llama.cpp's /props
-        self.port = free_port()
+        # bound here on a port the kernel picks, listened on by the server's thread: no other process
+        # can take the port between finding it free and binding it
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
         self.ssl_context = ssl_context  # an ssl.SSLContext: the server speaks TLS (https://)
         self.url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{self.port}/v1"
         self.requests: list[dict] = []
@@ -95,7 +94,7 @@ class FakeServer:
             app.router.add_get(path, h)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", self.port, ssl_context=self.ssl_context)
+        site = web.SockSite(runner, self._sock, ssl_context=self.ssl_context)
         await site.start()
         self._stop = asyncio.Event()
         self._ready.set()
@@ -121,3 +120,4 @@ class FakeServer:
             self._loop.call_soon_threadsafe(self._stop.set)
         if self._thread is not None:
             self._thread.join(10)
+        self._sock.close()

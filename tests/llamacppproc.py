@@ -5,9 +5,10 @@
   `model_path()` assembles it once into `~/.cache/agentload/gemma3-270m.gguf` (or
   `$AGENTLOAD_MODEL_CACHE/`), written to a temporary name and renamed, so two test processes never
   see half a file; a file already there with the right size is reused.
-- The server: `LlamaServer.start(model, n_ctx=..., interrupt_requests=...)`, started, waited for
-  (`GET /v1/models`) and stopped by `agentload.process.ChildProcess` (SIGKILL to its process
-  group: it keeps no state; PR_SET_PDEATHSIG so it dies with pytest). Its log goes to a file.
+- The server: `LlamaServer.start(model, n_ctx=..., interrupt_requests=...)`, started on a free
+  port and waited for (`GET /v1/models`) by `agentload.process.start_listening`, stopped with
+  SIGKILL to its process group (it keeps no state; PR_SET_PDEATHSIG so it dies with pytest). Its
+  log goes to a file.
 - `need_llamacpp()`: the reason to skip locally when llama_cpp is not importable; under `CI`
   (CI=true) it fails the test instead: CI installs the extra in .ci/run and must never skip it.
 """
@@ -16,14 +17,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from agentload.process import ChildProcess, NotReady
+from agentload.process import Listening, start_listening
+
+from serverprocs import Server
 
 READY_TIMEOUT_S = 90.0  # model load on a busy 2-core machine
 MODEL_FILE = "gemma3-270m.gguf"
@@ -74,77 +76,26 @@ def model_path() -> Path:
     return target
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LlamaServer:
+class LlamaServer(Server):
     """One running `python -m llama_cpp.server`; `url` is what agentload's endpoint takes."""
 
-    def __init__(self, child: ChildProcess, port: int, log_path: Path, argv: list[str], n_ctx: int,
-                 interrupt_requests: bool):
-        self.child = child
-        self.port = port
-        self.log_path = log_path
-        self.argv = argv
+    def __init__(self, started: Listening, n_ctx: int, interrupt_requests: bool):
+        super().__init__(started)
         self.n_ctx = n_ctx
         self.interrupt_requests = interrupt_requests
-
-    @property
-    def pid(self) -> int:
-        return self.child.pid
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return self.base + "/v1"
 
     @classmethod
     def start(cls, model: Path, log_path: Path, *, n_ctx: int = 2048, interrupt_requests: bool = False,
               extra: list[str] | None = None, ready_timeout_s: float = READY_TIMEOUT_S) -> "LlamaServer":
-        last_err = ""
-        for _ in range(3):  # a free port can be taken between probing and binding: try again, bounded
-            port = free_port()
-            argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model),
-                    "--host", "127.0.0.1", "--port", str(port),
-                    "--chat_format", "chatml-function-calling", "--n_ctx", str(n_ctx),
-                    "--interrupt_requests", "true" if interrupt_requests else "false",
-                    "--seed", "1", *(extra or [])]
-            with open(log_path, "ab") as log:
-                child = ChildProcess.start(argv, name=f"llama.cpp server (n_ctx {n_ctx})", stdout=log, stderr=log,
-                                           die_with_parent=True)
-            me = cls(child, port, log_path, argv, n_ctx, interrupt_requests)
-            try:
-                child.wait_url(me.base + "/v1/models", ready_timeout_s, probe_timeout_s=5.0)
-                return me
-            except NotReady as e:
-                last_err = str(e)
-                me.stop()
-                if "address already in use" not in me.log_tail().lower():
-                    break
-        raise RuntimeError(f"llama.cpp server did not become ready: {last_err}; log: {cls._tail(log_path)}")
-
-    @staticmethod
-    def _tail(path: Path, limit: int = 3000) -> str:
-        try:
-            return path.read_text(errors="replace")[-limit:]
-        except OSError:
-            return ""
-
-    def log_tail(self, limit: int = 3000) -> str:
-        return self._tail(self.log_path, limit)
-
-    def alive(self) -> bool:
-        return self.child.poll() is None
-
-    def stop(self) -> int | None:
-        """SIGKILL its process group (also when SIGSTOPped) and reap. Idempotent."""
-        return self.child.kill()
+        started = start_listening(
+            lambda ports: [sys.executable, "-m", "llama_cpp.server", "--model", str(model),
+                           "--host", "127.0.0.1", "--port", str(ports[0]),
+                           "--chat_format", "chatml-function-calling", "--n_ctx", str(n_ctx),
+                           "--interrupt_requests", "true" if interrupt_requests else "false",
+                           "--seed", "1", *(extra or [])],
+            lambda ports: [f"http://127.0.0.1:{ports[0]}/v1/models"], name=f"llama.cpp server (n_ctx {n_ctx})",
+            log_path=log_path, timeout_s=ready_timeout_s, probe_timeout_s=5.0)
+        return cls(started, n_ctx, interrupt_requests)
 
 
 class Servers:

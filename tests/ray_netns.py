@@ -31,14 +31,6 @@ def sh(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def agentload(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     return sh(sys.executable, "-m", "agentload", *args, timeout=timeout)
 
@@ -51,6 +43,7 @@ def main() -> int:
     result: dict = {"steps": []}
     from agentload.mock.config import MockConfig
     from agentload.mock.process import MockProcess
+    from agentload.process import free_port
     from agentload.run.scenario import load_scenario
 
     hang_cfg = load_scenario("long-context-hang").mock

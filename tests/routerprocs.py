@@ -1,8 +1,8 @@
 """Start vllm-router (PyPI `vllm-router`, a Rust router; not vLLM's production-stack router) on
 loopback in front of mock backends, for tests/test_vllm_router.py.
 
-Started, waited for (GET /readiness: `healthy_workers`) and stopped by
-`agentload.process.ChildProcess`. The `vllm-router` console script is a Python launcher that
+Started on free ports and waited for (GET /readiness: `healthy_workers`) by
+`agentload.process.start_listening`. The `vllm-router` console script is a Python launcher that
 runs the Rust router in a child process (`vllm::router`): `stop()` kills the whole process group,
 so both go (PR_SET_PDEATHSIG covers only the launcher).
 """
@@ -14,9 +14,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agentload.process import ChildProcess, NotReady
+from agentload.process import Listening, start_listening
 
-from smgproc import RouterProcess, executable, free_port  # noqa: F401  executable: .ci/run
+from serverprocs import Server
+from smgproc import RouterProcess, executable
 
 READY_TIMEOUT_S = 45.0
 
@@ -64,26 +65,17 @@ def litellm_skip_reason() -> str | None:
             f".ci/run does it)")
 
 
-class LiteLLMProcess:
+class LiteLLMProcess(Server):
     """`litellm --config FILE --host 127.0.0.1 --port P`: one model name (`model`) with one
     deployment per backend (`openai/<model>` at `<backend>/v1`), a master key, and
     `callbacks: ["prometheus"]` (without it /metrics is 404). /metrics answers 401 without the key
-    and 307 -> /metrics/ with it; `metrics_url` is /metrics/ itself."""
+    and 307 -> /metrics/ with it; `metrics_url` is /metrics/ itself. Ready when /health/readiness
+    answers 200."""
 
-    def __init__(self, child: ChildProcess, port: int, log_path: Path, config_path: Path, master_key: str):
-        self.child = child
-        self.port = port
-        self.log_path = log_path
+    def __init__(self, started: Listening, config_path: Path, master_key: str):
+        super().__init__(started)
         self.config_path = config_path
         self.master_key = master_key
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return self.base + "/v1"
 
     @property
     def metrics_url(self) -> str:
@@ -118,28 +110,14 @@ class LiteLLMProcess:
         config_path = workdir / "litellm.yaml"
         config_path.write_text(json.dumps(cls.config(backends, model, master_key, params, router_settings, models),
                                           indent=1))
-        log_path = workdir / "litellm.log"
         # the model cost map from the package, not fetched from the internet (3 failed tries: ~10 s)
         env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False",
                "NO_PROXY": "127.0.0.1,localhost"}
-        last_err = ""
-        for _ in range(3):  # a free port can be taken between probing and binding: try again, bounded
-            port = free_port()
-            argv = [exe, "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port)]
-            with open(log_path, "ab") as log:
-                child = ChildProcess.start(argv, name="litellm", stdout=log, stderr=log, env=env, cwd=workdir,
-                                           die_with_parent=True)
-            me = cls(child, port, log_path, config_path, master_key)
-            try:
-                me.child.wait_url(me.base + "/health/readiness", ready_timeout_s)
-                return me
-            except NotReady as e:
-                last_err = (f"exited with status {e.returncode}" if e.exited else
-                            f"not ready within {ready_timeout_s:g} s (last: {e.last})")
-                me.stop()
-                if "in use" not in me.log_tail():
-                    break
-        raise RuntimeError(f"LiteLLM's proxy did not become ready: {last_err}; log: {me.log_tail()}")
+        started = start_listening(
+            lambda ports: [exe, "--config", str(config_path), "--host", "127.0.0.1", "--port", str(ports[0])],
+            lambda ports: [f"http://127.0.0.1:{ports[0]}/health/readiness"], name="litellm",
+            log_path=workdir / "litellm.log", timeout_s=ready_timeout_s, env=env, cwd=workdir)
+        return cls(started, config_path, master_key)
 
     def get(self, path: str, key: bool = True, timeout_s: float = 5.0) -> tuple[int, bytes]:
         """GET on the proxy, with the master key as bearer token unless `key` is False."""
@@ -154,13 +132,3 @@ class LiteLLMProcess:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
-
-    def log_tail(self, limit: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-limit:]
-        except OSError:
-            return ""
-
-    def stop(self) -> int | None:
-        """SIGKILL its process group (no state kept: no database) and reap. Idempotent."""
-        return self.child.kill()

@@ -188,7 +188,7 @@ def test_litellm_already_running_in_front_of_the_fleet_keeps_attribution(tmp_pat
     fixed ports the router was configured with. LiteLLM re-encodes every chunk: the backend's name
     must survive that (system_fingerprint), else the request log join gives it."""
     from routerprocs import LiteLLMProcess, litellm_executable
-    from smgproc import free_port
+    from agentload.process import free_port
 
     assert litellm_executable() or not os.environ.get("CI"), "LiteLLM's proxy is missing (.ci/run installs it)"
     if litellm_executable() is None:

@@ -31,12 +31,12 @@ import time
 import pytest
 
 from agentload.mock.config import MockConfig
-from agentload.mock.process import MockProcess
 from agentload.records import load_records
 from agentload.records.target_metrics import load_target_metrics
 
 from helpers import run_scenario
-from routerprocs import LiteLLMProcess, litellm_executable, litellm_skip_reason
+from routerprocs import LiteLLMProcess, litellm_skip_reason
+from serverprocs import router_stack
 
 _skip = litellm_skip_reason()
 pytestmark = [pytest.mark.slow, pytest.mark.litellm, pytest.mark.skipif(_skip is not None, reason=_skip or "")]
@@ -47,30 +47,22 @@ BACKEND = dict(decode_tokens_per_s=2000, output_tokens=16)
 LIGHT = ["agents.count=6", "agents.rounds=4"]  # LiteLLM costs ~0.1 s of CPU a request on 2 shared cores
 
 
-@pytest.fixture
-def stack(tmp_path, monkeypatch):
-    """start(backends, params, router_settings) -> (proxy, mocks); everything started is stopped by PID."""
-    assert litellm_executable(), litellm_skip_reason() or "LiteLLM's proxy is missing (.ci/run installs it)"
+def _start_proxy(tmp_path, backends: list[str], params: dict | None = None, router_settings: dict | None = None,
+                 models: list[str] | None = None) -> LiteLLMProcess:
+    t = time.monotonic()
+    proxy = LiteLLMProcess.start(backends, tmp_path / "litellm", MASTER_KEY, params=params,
+                                 router_settings=router_settings, models=models)
+    print(f"LiteLLM's proxy ready in {time.monotonic() - t:.1f} s")
+    return proxy
+
+
+# stack(backends, params, router_settings, models) -> (proxy, mocks); everything started is stopped by PID
+stack = router_stack(_start_proxy)
+
+
+@pytest.fixture(autouse=True)
+def _master_key_in_env(monkeypatch):
     monkeypatch.setenv(KEY_ENV, MASTER_KEY)
-    started: list = []
-
-    def start(backends: list[MockConfig], params: dict | None = None, router_settings: dict | None = None,
-              models: list[str] | None = None) -> tuple[LiteLLMProcess, list[MockProcess]]:
-        mocks = []
-        for cfg in backends:
-            m = MockProcess.start(cfg)
-            started.append(m)
-            mocks.append(m)
-        t = time.monotonic()
-        proxy = LiteLLMProcess.start([m.base for m in mocks], tmp_path / "litellm", MASTER_KEY, params=params,
-                                     router_settings=router_settings, models=models)
-        print(f"LiteLLM's proxy ready in {time.monotonic() - t:.1f} s")
-        started.append(proxy)
-        return proxy, mocks
-
-    yield start
-    for p in reversed(started):
-        p.stop()
 
 
 def _through(proxy: LiteLLMProcess, *extra: str) -> list[str]:

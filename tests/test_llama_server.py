@@ -15,9 +15,6 @@ What this server does that the tests rely on (measured here, see /work/shared/DE
 
 from __future__ import annotations
 
-import signal
-import threading
-import time
 from pathlib import Path
 
 import orjson
@@ -29,6 +26,7 @@ from agentload.run.scenario import load_scenario
 
 from llamacppproc import model_path
 from llamaserverproc import LlamaServerProc, need_llama_server
+from serverprocs import paused_after_round
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.slow]
 
@@ -140,35 +138,14 @@ def test_server_paused_with_sigstop_is_a_server_stall_in_ttfb_at_the_right_round
     stopped server sends nothing, not even headers: round 2 stalls in ttfb, and it is a stall, not
     a queue (nothing else moves)."""
     srv = server()
-    records = tmp_path / "run" / "records.jsonl"
-    stopped = threading.Event()
-    done = threading.Event()
-
-    def pause_after_round_1():
-        deadline = time.monotonic() + 120
-        while not done.is_set() and time.monotonic() < deadline:
-            try:
-                lines = records.read_bytes().splitlines()
-            except OSError:
-                lines = []
-            if any(_agent_round(ln) == 1 for ln in lines):
-                srv.child.send_signal(signal.SIGSTOP)
-                stopped.set()
-                return
-            time.sleep(0.02)
-
-    watcher = threading.Thread(target=pause_after_round_1, daemon=True)
-    watcher.start()
     try:
-        summary, text, recs, _ = run(srv, tmp_path, [
-            # after_s above one answer's prompt time on a loaded 2-core machine (9 s seen with
-            # other builds on both cores); tool time 2 s: the watcher stops it long before round 2
-            "agents.count=1", "agents.rounds=3", "conversation.tool_latency_ms=2000", "stall.after_s=20.0",
-            "stall.give_up_s=25.0"])
+        with paused_after_round(srv.child, tmp_path / "run" / "records.jsonl", 1) as stopped:
+            summary, text, recs, _ = run(srv, tmp_path, [
+                # after_s above one answer's prompt time on a loaded 2-core machine (9 s seen with
+                # other builds on both cores); tool time 2 s: the watcher stops it long before round 2
+                "agents.count=1", "agents.rounds=3", "conversation.tool_latency_ms=2000", "stall.after_s=20.0",
+                "stall.give_up_s=25.0"])
     finally:
-        done.set()
-        watcher.join(5)
-        srv.child.send_signal(signal.SIGCONT)
         srv.stop()
     assert stopped.is_set(), text
     v = summary["verdict"]
@@ -177,14 +154,6 @@ def test_server_paused_with_sigstop_is_a_server_stall_in_ttfb_at_the_right_round
     assert (r1.round, r1.outcome) == (1, "ok") and (r2.round, r2.outcome, r2.stalled_phase) == (2, "stalled", "ttfb")
     assert "sent" in r2.t and "headers" not in r2.t
     assert "stalled requests by round and phase: round 2 ttfb: 1" in v["evidence"], v["evidence"]
-
-
-def _agent_round(line: bytes) -> int | None:
-    try:
-        d = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
-    return d.get("round") if d.get("kind") == "agent" else None
 
 
 def test_a_slot_queue_is_named_a_queue_with_its_size_not_a_hang(server, tmp_path):

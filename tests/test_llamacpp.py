@@ -20,12 +20,8 @@ What this server does that the tests rely on (measured, see docs/routers.md "lla
 
 from __future__ import annotations
 
-import signal
-import threading
-import time
 from pathlib import Path
 
-import orjson
 import pytest
 
 from agentload.launch import run_to_dir
@@ -33,6 +29,7 @@ from agentload.records import load_records
 from agentload.run.scenario import load_scenario
 
 from llamacppproc import Servers, model_path, need_llamacpp
+from serverprocs import paused_after_round
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.slow]
 
@@ -99,15 +96,6 @@ def run(server, tmp_path: Path, overrides: list[str], name: str = "run"):
     return res.summary, res.text + "\n--- server log ---\n" + server.log_tail(1500), recs
 
 
-def _agent_round(line: bytes) -> int | None:
-    """The round of an agent record line (None: a canary, a blank or a torn line)."""
-    try:
-        d = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
-    return d.get("round") if d.get("kind") == "agent" else None
-
-
 def test_scripted_run_is_healthy(llamacpp, tmp_path):
     """Scripted agents (their tool calls are agentload's own). tool_choice names the one tool:
     the server's grammar then makes the model write a call every time, so every answer has
@@ -142,35 +130,14 @@ def test_server_paused_with_sigstop_is_a_stall_in_ttfb_at_the_right_round(llamac
     One agent: with two, the second's round 1 ends a whole request later than the first's, and on
     a loaded machine the first can be in round 2 by then."""
     srv = llamacpp(tag="sigstop")
-    records = tmp_path / "run" / "records.jsonl"
-    stopped = threading.Event()
-    done = threading.Event()
-
-    def pause_after_round_1():
-        deadline = time.monotonic() + 120
-        while not done.is_set() and time.monotonic() < deadline:
-            try:
-                lines = records.read_bytes().splitlines()
-            except OSError:
-                lines = []
-            if any(_agent_round(ln) == 1 for ln in lines):
-                srv.child.send_signal(signal.SIGSTOP)
-                stopped.set()
-                return
-            time.sleep(0.02)
-
-    watcher = threading.Thread(target=pause_after_round_1, daemon=True)
-    watcher.start()
     try:
-        # after_s above any single answer's ttft on a loaded 2-core machine; tool time 2 s: the
-        # watcher (20 ms polls) stops the server long before round 2 is sent
-        summary, text, recs = run(srv, tmp_path, [
-            "agents.count=1", "agents.rounds=3", "conversation.system_tokens=10", "conversation.user_tokens=10",
-            "conversation.tool_latency_ms=2000", "stall.after_s=5.0", "stall.give_up_s=7.0"])
+        with paused_after_round(srv.child, tmp_path / "run" / "records.jsonl", 1) as stopped:
+            # after_s above any single answer's ttft on a loaded 2-core machine; tool time 2 s: the
+            # watcher (20 ms polls) stops the server long before round 2 is sent
+            summary, text, recs = run(srv, tmp_path, [
+                "agents.count=1", "agents.rounds=3", "conversation.system_tokens=10", "conversation.user_tokens=10",
+                "conversation.tool_latency_ms=2000", "stall.after_s=5.0", "stall.give_up_s=7.0"])
     finally:
-        done.set()
-        watcher.join(5)
-        srv.child.send_signal(signal.SIGCONT)
         llamacpp.stop(srv)  # it would still work through the abandoned request
     assert stopped.is_set(), text
     v = summary["verdict"]

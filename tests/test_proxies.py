@@ -17,11 +17,11 @@ from __future__ import annotations
 import pytest
 
 from agentload.mock.config import MockConfig
-from agentload.mock.process import MockProcess
 from agentload.records import load_records
 
 from helpers import run_scenario
 from proxyprocs import SSE_LOCATION, HaproxyProcess, NginxProcess, proxy_skip_reason
+from serverprocs import RouterStack
 
 _skip = proxy_skip_reason("nginx", "haproxy")
 pytestmark = [pytest.mark.slow, pytest.mark.proxies, pytest.mark.skipif(_skip is not None, reason=_skip or "")]
@@ -36,18 +36,12 @@ RUN = ["agents.count=4", "agents.rounds=3", "stall.after_s=5", "stall.give_up_s=
 @pytest.fixture
 def behind(tmp_path):
     """behind(proxy_class, mock_config, **proxy_config) -> (proxy, mock); both stopped after the test."""
-    started: list = []
+    with RouterStack(lambda urls, cls, **kw: cls.start(urls[0], tmp_path / cls.NAME, **kw)) as stack:
+        def start(cls, cfg: dict, **kw):
+            proxy, (mock,) = stack.start([MockConfig(**cfg)], cls, **kw)
+            return proxy, mock
 
-    def start(cls, cfg: dict, **kw):
-        mock = MockProcess.start(MockConfig(**cfg))
-        started.append(mock.child)
-        proxy = cls.start(mock.base, tmp_path / cls.NAME, **kw)
-        started.append(proxy)
-        return proxy, mock
-
-    yield start
-    for p in reversed(started):
-        p.stop()
+        yield start
 
 
 def _run(tmp_path, proxy, *extra: str):

@@ -28,11 +28,11 @@ import orjson
 import pytest
 
 from agentload.mock.config import MockConfig
-from agentload.mock.process import MockProcess
 from agentload.records import load_records
 from agentload.records.target_metrics import load_target_metrics
 
 from helpers import run_scenario, hung_probes
+from serverprocs import router_stack
 from smgproc import SmgProcess, smg_executable
 
 pytestmark = [
@@ -46,25 +46,9 @@ HANG_TOKENS = 6000  # long-context-hang: agents cross it in round 4
 BACKEND = dict(decode_tokens_per_s=2000, output_tokens=16)
 
 
-@pytest.fixture
-def stack(tmp_path):
-    """start(backends, flags) -> (smg, mocks); everything started is killed by PID at teardown,
-    also when the test fails half-way."""
-    started: list = []
-
-    def start(backends: list[MockConfig], flags: list[str]) -> tuple[SmgProcess, list[MockProcess]]:
-        mocks = []
-        for cfg in backends:
-            m = MockProcess.start(cfg)
-            started.append(m)
-            mocks.append(m)
-        smg = SmgProcess.start([m.base for m in mocks], tmp_path / "smg.log", flags)
-        started.append(smg)
-        return smg, mocks
-
-    yield start
-    for p in reversed(started):
-        p.stop()
+# stack(backends, flags) -> (smg, mocks); everything started is killed by PID at teardown, also when
+# the test fails half-way
+stack = router_stack(lambda tmp_path, urls, flags: SmgProcess.start(urls, tmp_path / "smg.log", flags))
 
 
 def _through(smg: SmgProcess, *extra: str) -> list[str]:

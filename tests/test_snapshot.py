@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import agentload.run.runner as runner
 from agentload.mock.process import MockProcess
+from agentload.process import free_port
 from agentload.records import Trace, phases
 from agentload.run import dump
 from agentload.run.context import AgentState, RunContext
@@ -30,7 +31,6 @@ from agentload.run.live import Rates, plain_line
 from agentload.run.scenario import load_scenario
 from agentload.run.snapshot import SnapshotFeed, scan, stall_tick
 
-from fakeserver import free_port
 
 RUN_BOUND_S = 60  # a guard against a hang, never a measured threshold
 STAMPS = phases.STAMPS  # every stamp the phase table knows

@@ -26,14 +26,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentload.run.health import flatness
-from agentload.mock.process import MockProcess
 from agentload.records import iter_record_dicts
 from agentload.analysis.intervals import load_intervals, window
 from agentload.records.target_metrics import load_target_metrics
 from agentload.run.scenario import load_scenario
 
 from helpers import REPO
-from smgproc import SmgProcess, free_port, http_get, smg_executable
+from agentload.process import free_port, http_get
+
+from serverprocs import RouterStack
+from smgproc import SmgProcess, smg_executable
 
 pytestmark = [
     pytest.mark.soak,
@@ -54,15 +56,8 @@ def _proc_stats(pid: int) -> tuple[float, int]:
 def test_soak_through_smg_keeps_memory_and_fds_flat(tmp_path):
     out = Path(os.environ.get("AGENTLOAD_SOAK_OUT") or tmp_path / "soak")
     sc = load_scenario("router-two-backends")
-    started: list = []
-    try:
-        mocks = []
-        for _ in range(2):
-            m = MockProcess.start(sc.mock)
-            started.append(m)
-            mocks.append(m)
-        smg = SmgProcess.start([m.base for m in mocks], tmp_path / "smg.log")
-        started.append(smg)
+    with RouterStack(lambda urls: SmgProcess.start(urls, tmp_path / "smg.log")) as stack:
+        smg, mocks = stack.start([sc.mock, sc.mock])
         port = free_port()
         cmd = [sys.executable, "-m", "agentload.cli", "run", "router-two-backends", "--no-live", "--out", str(out),
                "--endpoint", smg.url, "--metrics-port", str(port),
@@ -75,7 +70,7 @@ def test_soak_through_smg_keeps_memory_and_fds_flat(tmp_path):
         t0 = time.monotonic()
         try:
             while p.poll() is None and time.monotonic() - t0 < SOAK_S + 180:  # bounded: the run ends itself
-                for name, pid in (("smg", smg.proc.pid), ("mock 1", mocks[0].pid), ("mock 2", mocks[1].pid)):
+                for name, pid in (("smg", smg.pid), ("mock 1", mocks[0].pid), ("mock 2", mocks[1].pid)):
                     others[name].append(_proc_stats(pid))
                 if exported is None and time.monotonic() - t0 > SOAK_S / 2:
                     status, body = http_get(f"http://127.0.0.1:{port}/metrics")
@@ -90,9 +85,6 @@ def test_soak_through_smg_keeps_memory_and_fds_flat(tmp_path):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(10)
-    finally:
-        for proc in reversed(started):
-            proc.stop()
 
     text = stdout.decode()
     assert p.returncode == 0, text + err_path.read_text()[-3000:]

@@ -18,12 +18,12 @@ from __future__ import annotations
 import pytest
 
 from agentload.mock.config import MockConfig
-from agentload.mock.process import MockProcess
 from agentload.records import load_records
 from agentload.records.target_metrics import load_target_metrics
 
 from helpers import run_scenario, hung_probes
-from routerprocs import VllmRouterProcess, executable, skip_reason
+from routerprocs import VllmRouterProcess, skip_reason
+from serverprocs import router_stack
 
 _skip = skip_reason("vllm-router", "pip install vllm-router")
 pytestmark = [pytest.mark.slow, pytest.mark.vllm_router, pytest.mark.skipif(_skip is not None, reason=_skip or "")]
@@ -33,25 +33,8 @@ HANG_TOKENS = 6000  # long-context-hang: agents cross it in round 4
 BACKEND = dict(decode_tokens_per_s=2000, output_tokens=16)
 
 
-@pytest.fixture
-def stack(tmp_path):
-    """start(backends, flags) -> (router, mocks); everything started is stopped by PID at teardown."""
-    assert executable("vllm-router"), "vllm-router is not installed (pip install vllm-router)"
-    started: list = []
-
-    def start(backends: list[MockConfig], flags: list[str]) -> tuple[VllmRouterProcess, list[MockProcess]]:
-        mocks = []
-        for cfg in backends:
-            m = MockProcess.start(cfg)
-            started.append(m)
-            mocks.append(m)
-        router = VllmRouterProcess.start([m.base for m in mocks], tmp_path / "vllm-router.log", flags)
-        started.append(router)
-        return router, mocks
-
-    yield start
-    for p in reversed(started):
-        p.stop()
+# stack(backends, flags) -> (router, mocks); everything started is stopped by PID at teardown
+stack = router_stack(lambda tmp_path, urls, flags: VllmRouterProcess.start(urls, tmp_path / "vllm-router.log", flags))
 
 
 def _through(router: VllmRouterProcess, *extra: str) -> list[str]:

@@ -233,8 +233,7 @@ def test_one_metrics_port_for_all_workers_with_a_shard_label(tmp_path):
     its `shard` label (every agent hangs before headers, so each worker's stalled count is known)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from agentload.process import http_get
-    from smgproc import free_port
+    from agentload.process import free_port, http_get
 
     out, port = tmp_path / "run", free_port()
     cmd = [sys.executable, "-m", "agentload.cli", "run", "demo", "--no-live", "--out", str(out), "--workers", "2",
