@@ -261,21 +261,7 @@ def _probe_request_id(p: Patch) -> None:
     p.set("agentload.run.agent:sent_request_id", lambda readable, fmt="uuid": readable)
 
 
-def _probe_trace(p: Patch) -> None:
-    """aiohttp's trace signals: none (no pool, connect, sent or headers stamps; the session keeps
-    its trace configs in `_trace_configs`)."""
-    orig = p.get("agentload.run.transport:Transport._new_session")
-
-    def new_session(self, force_close=None, limit=None):
-        s = orig(self, force_close, limit)
-        require_attr(s, "_trace_configs", "probe-trace")
-        s._trace_configs = []
-        return s
-
-    p.set("agentload.run.transport:Transport._new_session", new_session)
-
-
-ABLATIONS.update({"probe-trace": _probe_trace, "probe-text": _probe_text, "probe-interval-log": _probe_interval_log,
+ABLATIONS.update({"probe-text": _probe_text, "probe-interval-log": _probe_interval_log,
                   "probe-request-id": _probe_request_id})
 
 

@@ -67,10 +67,10 @@ def test_nothing_is_changed_until_every_target_is_found(monkeypatch):
 
 
 async def test_the_live_session_state_the_ablations_change_exists():
-    """ua and probe-trace change an aiohttp session's private state when the run makes its
-    sessions: that state exists on a real session, and a missing one is named."""
+    """ua changes an aiohttp session's private state when the run makes its sessions: that state
+    exists on a real session, and a missing one is named."""
     async with aiohttp.ClientSession() as s:
-        for attr in ("_skip_auto_headers", "_default_headers", "_trace_configs"):
+        for attr in ("_skip_auto_headers", "_default_headers"):
             require_attr(s, attr, "ua")
         with pytest.raises(TargetGone, match="ablation 'ua': aiohttp.client.ClientSession has no _gone"):
             require_attr(s, "_gone", "ua")
@@ -84,7 +84,7 @@ def test_every_ablation_still_runs_agentload():
 
     with Server(None, ttft_ms=5, chunks=4, interval_ms=0) as srv:
         args = ["--url", srv.url, "--concurrency", "4", "--requests", "3"]
-        for name in ("all", "probe-trace", "probe-text", "probe-request-id", "probe-interval-log"):
+        for name in ("all", "probe-text", "probe-request-id", "probe-interval-log"):
             args += ["--ablate", name]
         res = client("bench.agentload_client", args, None, 180, srv)
     assert res["requests"] == 12 and res["failed"] == 0, res

@@ -9,7 +9,9 @@
 - aiohttp's private internals both paths rely on are checked once per process: the check passes
   on the installed aiohttp; when it fails (forced here), bodies are read with `readany()` and give
   the same record, the pool's unknown counts are left out (never 0), and one warning line names
-  what was missing.
+  what was missing. The stamps' internals (the traced connector and request) are the one stamping
+  path: they stamp every phase of a pooled request, and an aiohttp without them is an error
+  naming its version.
 - The server's own first-token stamp (`mock_sent_ns`) is joined into the record as
   `server_first_token_ns`; the timing error (client first token - server send) is non-negative
   and lies inside the request, on the same CLOCK_MONOTONIC. No wall-clock thresholds.
@@ -28,6 +30,7 @@ import agentload.run.request as rq
 from aiohttp.streams import StreamReader
 
 from agentload.mock import MockConfig, MockProcess
+from agentload.errors import UserError
 from agentload.records import Record, Trace, load_records
 from agentload.run import body_sink, transport
 from agentload.run.transport import Transport
@@ -156,59 +159,49 @@ async def test_connection_goes_back_to_the_pool_after_a_sink_read():
             await tr.close()
 
 
-async def _stamps_of_three_on_a_pool_of_one(url: str) -> tuple[list[Trace], Transport]:
-    """Three requests at once through a pool of one connection: the first opens it, the other two
-    wait for it (one of them a while) and reuse it."""
-    tr = Transport(ClientConfig(limit=1), TargetConfig(), url)
-    session = tr.session_for(0)
-    traces = [Trace("agent", i, 1, 0, f"t-{i}", 1, len(PLAIN), 10) for i in range(3)]
-    try:
-        results = await asyncio.wait_for(asyncio.gather(*(rq.send(session, tr.url, PLAIN, t) for t in traces)), 20)
-        assert [r.error for r in results] == [None] * 3
-    finally:
-        await tr.close()
-    return traces, tr
-
-
 def _in_order(t: dict[str, int], *names: str) -> bool:
     return all(t[a] <= t[b] for a, b in zip(names, names[1:]))
 
 
-async def test_the_traced_pool_stamps_what_aiohttps_signals_stamp(fresh_checks, monkeypatch):
-    """The session's own connector and request classes stamp the phases; aiohttp's TraceConfig
-    signals are the fallback for an aiohttp without those methods (forced here): the same stamps,
-    in the same order, the same reuse and the same count of connections opened."""
+async def test_the_traced_pool_stamps_the_wait_the_connection_and_its_reuse():
+    """Three requests at once through a pool of one connection: the session's own connector and
+    request classes stamp every phase, in order. The first request opens the one connection, the
+    other two wait for it and reuse it; the pool's state (and its printed form) then counts one
+    connection opened, idle again."""
     with MockProcess.start(MockConfig(base_latency_ms=20, decode_tokens_per_s=0, output_tokens=4)) as m:
-        assert transport.check_trace_hooks()
-        traced, t1 = await _stamps_of_three_on_a_pool_of_one(m.url)
-        assert t1.traced_classes and t1._trace_configs == []
-        monkeypatch.setattr(transport, "_trace_hooks_ok", False)
-        signalled, t2 = await _stamps_of_three_on_a_pool_of_one(m.url)
-        assert not t2.traced_classes and len(t2._trace_configs) == 1
-    for traces, tr in ((traced, t1), (signalled, t2)):
-        first, *waiting = sorted(traces, key=lambda t: t.t["headers"])
-        assert first.reused is False and [t.reused for t in waiting] == [True, True]
-        assert _in_order(first.t, "start", "conn_start", "conn_end", "sent", "headers", "first_token", "end")
-        for t in waiting:  # the pool was full: they waited for the one connection, then used it
-            assert "conn_start" not in t.t
-            assert _in_order(t.t, "start", "queued_start", "queued_end", "sent", "headers", "first_token", "end")
-            assert t.t["queued_end"] >= first.t["end"] - 5_000_000  # not before the first one let go of it
-        assert tr.pool_state()["opened"] == 1
-    assert [sorted(t.t) for t in sorted(traced, key=lambda t: t.t["headers"])] == \
-        [sorted(t.t) for t in sorted(signalled, key=lambda t: t.t["headers"])]
+        tr = Transport(ClientConfig(limit=1), TargetConfig(), m.url)
+        session = tr.session_for(0)
+        assert type(session.connector) is transport._TracedConnector and session.trace_configs == []
+        traces = [Trace("agent", i, 1, 0, f"t-{i}", 1, len(PLAIN), 10) for i in range(3)]
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*(rq.send(session, tr.url, PLAIN, t) for t in traces)), 20)
+            assert [r.error for r in results] == [None] * 3
+            state = tr.pool_state()
+            printed = repr(tr)
+        finally:
+            await tr.close()
+    assert state == {"pools": 1, "in_use": 0, "idle": 1, "waiters": 0, "limit": 1, "opened": 1}, state
+    assert printed == "<Transport shared pools=1 in_use=0 idle=1 waiters=0 limit=1 opened=1>", printed
+    first, *waiting = sorted(traces, key=lambda t: t.t["headers"])
+    assert first.reused is False and [t.reused for t in waiting] == [True, True]
+    assert _in_order(first.t, "start", "conn_start", "conn_end", "sent", "headers", "first_token", "end")
+    for t in waiting:  # the pool was full: they waited for the one connection, then used it
+        assert "conn_start" not in t.t
+        assert _in_order(t.t, "start", "queued_start", "queued_end", "sent", "headers", "first_token", "end")
+        assert t.t["queued_end"] >= first.t["end"] - 5_000_000  # not before the first one let go of it
 
 
-async def test_a_reshaped_connector_method_falls_back_to_signals_with_one_warning(fresh_checks, monkeypatch, capsys):
-    # as if aiohttp had renamed a parameter of _create_connection
+async def test_an_aiohttp_without_the_stamping_methods_is_an_error_naming_its_version(fresh_checks, monkeypatch):
+    """As if aiohttp had renamed a parameter of _create_connection: no phase could be stamped, so no
+    run starts; the error names the installed aiohttp, what it lacks and the range agentload wants."""
     monkeypatch.setitem(transport._TRACE_HOOKS, (aiohttp.TCPConnector, "_create_connection"), ("req", "traces", "t"))
-    trs = [Transport(ClientConfig(), TargetConfig(), "http://127.0.0.1:9/v1") for _ in range(2)]
-    assert not any(t.traced_classes for t in trs)
-    session = trs[0].session_for(0)
-    assert type(session.connector) is aiohttp.TCPConnector and len(session.trace_configs) == 1
-    for t in trs:
-        await t.close()
-    warnings = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]
-    assert len(warnings) == 1 and "TCPConnector._create_connection(req, traces, t)" in warnings[0], warnings
+    for _ in range(2):  # not only the first Transport of the process
+        with pytest.raises(UserError) as info:
+            Transport(ClientConfig(), TargetConfig(), "http://127.0.0.1:9/v1")
+        msg = str(info.value)
+        assert msg.startswith(f"aiohttp {aiohttp.__version__}: missing or reshaped "
+                              "TCPConnector._create_connection(req, traces, t), which agentload stamps"), msg
+        assert "aiohttp" in msg.rsplit("expected ", 1)[1] and "\n" not in msg, msg
 
 
 async def test_a_connection_that_fails_leaves_the_request_in_connect():
@@ -286,7 +279,7 @@ def fresh_checks(monkeypatch):
     """The once-per-process checks and warnings, as in a new process (restored afterwards)."""
     monkeypatch.setattr(body_sink, "_missing", None)
     monkeypatch.setattr(transport, "_pool_unknown", None)
-    monkeypatch.setattr(transport, "_trace_hooks_ok", None)
+    monkeypatch.setattr(transport, "_trace_hooks_checked", False)
     monkeypatch.setattr(transport, "_warned", set())
 
 
@@ -295,7 +288,8 @@ async def test_the_aiohttp_internals_check_passes_on_the_installed_aiohttp(fresh
     tr = Transport(ClientConfig(), TargetConfig(), "http://127.0.0.1:9/v1")
     try:
         assert transport.check_read_path() and body_sink.missing_hooks() == []
-        assert transport.check_trace_hooks() and tr.traced_classes
+        transport.check_trace_hooks()  # (raises if anything is missing)
+        assert type(tr.session_for(0).connector) is transport._TracedConnector
         tr.session_for(0)
         assert transport._pool_unknown == []
         state = tr.pool_state()

@@ -7,18 +7,21 @@ Every limit and timeout comes from the scenario; nothing falls back to aiohttp's
 The hooks are the session's own classes: a connector that stamps the pool wait (`queued_start`,
 `queued_end`), a new connection (`conn_start`, `conn_end`, `reused`), and a request that stamps
 `sent` once its body is handed to the socket; they find the request's Trace in `current_trace`,
-which `request.send` sets in the request's task (aiohttp's body-writing task inherits it). aiohttp's
-TraceConfig signals give the same stamps, but cost three coroutines and a parameters object per
-signal, five signals a request, whether anyone listens or not; they remain the fallback for an
-aiohttp whose connector or request lacks the methods overridden here (`check_trace_hooks`).
+which `request.send` sets in the request's task (aiohttp's body-writing task inherits it). The
+direct path (`agentload.run.direct`) writes requests straight to this connector's connections, so
+these are the only stamps there are (aiohttp's TraceConfig signals, the public way, would cost
+three coroutines and a parameters object per signal and not see a direct request at all).
 
-Three things read aiohttp's private internals (pyproject pins the aiohttp minors they were tested
-with): the request path (`direct`: a request written straight to a pooled connection), the body
-read path (`body_sink`) and the pool's state (`pool_state`: the connector's `_acquired`, `_conns`,
-`_waiters`). Each is checked once per process, when the first Transport is made (the connector's
-when its first pool is made); whatever is missing is named in one warning line on stderr, requests
-then go through `ClientSession.post`, bodies are read with `readany()` and the pool's unknown
-counts are left out of `pool_state()` (listed under `unknown`) instead of read as 0.
+Four things read aiohttp's private internals (pyproject pins the aiohttp minors they were tested
+with): these hooks (the connector's and request's methods they override), the request path
+(`direct`: a request written straight to a pooled connection), the body read path (`body_sink`)
+and the pool's state (`pool_state`: the connector's `_acquired`, `_conns`, `_waiters`). Each is
+checked once per process, when the first Transport is made (the connector's when its first pool
+is made). Without the hooks no phase could be stamped: that is an error naming the installed
+aiohttp and what it lacks (`check_trace_hooks`). Whatever else is missing is named in one warning
+line on stderr: requests then go through `ClientSession.post`, bodies are read with `readany()`
+and the pool's unknown counts are left out of `pool_state()` (listed under `unknown`) instead of
+read as 0.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ import time
 import weakref
 from collections import deque
 from contextvars import ContextVar
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import aiohttp
@@ -105,83 +107,11 @@ def check_pool_hooks(connector: Any) -> list[str]:
     return _pool_unknown
 
 
-def _trace_of(ctx: SimpleNamespace) -> Trace | None:
-    return ctx.trace_request_ctx
-
-
-# Each hook reads its request's Trace (`trace_request_ctx`, None for a request sent without one)
-# and stamps it: written out in each, they run on every request.
-
-async def _queued_start(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-    tr = ctx.trace_request_ctx
-    if tr is not None:
-        _wait_begins(tr.t)
-
-
 def _wait_begins(t: dict[str, int]) -> None:
     # A wait that follows an earlier one of the same request (agentload's queue, then aiohttp's; or
     # aiohttp queueing it again) continues it: the first start stays, the end is open again.
     if t.pop("queued_end", None) is None:
         t["queued_start"] = _now()
-
-
-async def _queued_end(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-    tr = ctx.trace_request_ctx
-    if tr is not None:
-        tr.t["queued_end"] = _now()
-
-
-async def _create_start(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-    tr = ctx.trace_request_ctx
-    if tr is not None:
-        tr.t["conn_start"] = _now()
-        tr.reused = False
-
-
-async def _create_end(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-    tr = ctx.trace_request_ctx
-    if tr is not None:
-        tr.t["conn_end"] = _now()
-
-
-async def _reuse(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-    tr = ctx.trace_request_ctx
-    if tr is not None:
-        tr.reused = True
-
-
-async def _chunk_sent(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-    # Fires as the body is handed to the socket (aiohttp 3.14 awaits it right before the write); the last
-    # one wins.
-    tr = ctx.trace_request_ctx
-    if tr is not None:
-        tr.t["sent"] = _now()
-
-
-async def _headers_sent(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-    tr = ctx.trace_request_ctx
-    if tr is not None and "sent" not in tr.t:
-        tr.t["sent"] = _now()
-
-
-async def _request_end(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-    # aiohttp fires this at response headers, before the body.
-    tr = ctx.trace_request_ctx
-    if tr is not None:
-        tr.t["headers"] = _now()
-
-
-def make_trace_config() -> aiohttp.TraceConfig:
-    tc = aiohttp.TraceConfig(trace_config_ctx_factory=SimpleNamespace)
-    tc.on_connection_queued_start.append(_queued_start)
-    tc.on_connection_queued_end.append(_queued_end)
-    tc.on_connection_create_start.append(_create_start)
-    tc.on_connection_create_end.append(_create_end)
-    tc.on_connection_reuseconn.append(_reuse)
-    tc.on_request_headers_sent.append(_headers_sent)
-    tc.on_request_chunk_sent.append(_chunk_sent)
-    tc.on_request_end.append(_request_end)
-    return tc
 
 
 # The Trace of the request the running task is sending (None: a request sent without one).
@@ -385,31 +315,42 @@ _TRACE_HOOKS = {(aiohttp.TCPConnector, "connect"): ("req", "traces", "timeout"),
                 (aiohttp.TCPConnector, "_wait_for_available_connection"): ("key", "traces"),
                 (aiohttp.TCPConnector, "_create_connection"): ("req", "traces", "timeout"),
                 (aiohttp.ClientRequest, "write_bytes"): ("writer", "conn")}  # (3.14 adds content_length)
-_trace_hooks_ok: bool | None = None  # None: not checked yet in this process
+_trace_hooks_checked = False  # checked once per process
 
 
-def check_trace_hooks() -> bool:
+def check_trace_hooks() -> None:
     """The connector and request methods the traced classes override are there, with the same
-    leading parameters (else: one warning, and aiohttp's TraceConfig signals stamp the same phases)."""
-    global _trace_hooks_ok
-    if _trace_hooks_ok is None:
-        missing = []
-        for (cls, name), params in _TRACE_HOOKS.items():
-            fn = getattr(cls, name, None)
-            ok = inspect.iscoroutinefunction(fn)
-            if ok:  # the parameters passed on by name come first, in this order
-                ok = tuple(inspect.signature(fn).parameters)[1:1 + len(params)] == params
-            if not ok:
-                missing.append(f"{cls.__name__}.{name}({', '.join(params)})")
-        from aiohttp.client_proto import ResponseHandler
+    leading parameters; else a UserError naming the installed aiohttp and what it lacks."""
+    global _trace_hooks_checked
+    if _trace_hooks_checked:
+        return
+    missing = []
+    for (cls, name), params in _TRACE_HOOKS.items():
+        fn = getattr(cls, name, None)
+        ok = inspect.iscoroutinefunction(fn)
+        if ok:  # the parameters passed on by name come first, in this order
+            ok = tuple(inspect.signature(fn).parameters)[1:1 + len(params)] == params
+        if not ok:
+            missing.append(f"{cls.__name__}.{name}({', '.join(params)})")
+    from aiohttp.client_proto import ResponseHandler
 
-        if not callable(getattr(ResponseHandler, "exception", None)):  # where a failed body write is left
-            missing.append("ResponseHandler.exception()")
-        _trace_hooks_ok = not missing
-        if missing:
-            _warn_once("trace", f"missing or reshaped {', '.join(missing)}: phases stamped by TraceConfig "
-                                "signals instead (the same stamps, more CPU per request)")
-    return _trace_hooks_ok
+    if not callable(getattr(ResponseHandler, "exception", None)):  # where a failed body write is left
+        missing.append("ResponseHandler.exception()")
+    if missing:
+        raise UserError(f"aiohttp {aiohttp.__version__}: missing or reshaped {', '.join(missing)}, which agentload "
+                        f"stamps every request's phases with; expected {_aiohttp_requirement()} (the versions "
+                        f"agentload was tested with)")
+    _trace_hooks_checked = True
+
+
+def _aiohttp_requirement() -> str:
+    """The aiohttp range agentload's package metadata asks for (pyproject.toml's)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        return next(r for r in requires("agentload") or () if r.replace(" ", "").startswith("aiohttp"))
+    except (PackageNotFoundError, StopIteration):
+        return "the aiohttp range pyproject.toml names"
 
 
 def client_timeout(cfg: ClientConfig) -> aiohttp.ClientTimeout:
@@ -488,38 +429,26 @@ class Transport:
         # one count for all the agents' pools (a canary's pool does not park: its bodies are bytes)
         self.queued_bodies = QueuedBodies(client.park_queued_bodies_mb * 1e6)
         self._gates: list[PoolGate] = []
-        self.traced_classes = check_trace_hooks()  # once per process: else one warning and TraceConfig
-        self._trace_configs: list[aiohttp.TraceConfig] = []
-        if not self.traced_classes:
-            tc = make_trace_config()
-            tc.on_connection_create_end.append(self._count_open_signal)
-            self._trace_configs.append(tc)
+        check_trace_hooks()  # once per process: an error if this aiohttp lacks what the stamps need
         check_read_path()  # once per process: one warning and readany() if aiohttp lacks a hook
-        # (only with the traced classes: the connector's stamps are what a direct request gets)
-        self.direct = self.traced_classes and check_direct_path()
+        self.direct = check_direct_path()  # (the same: session.post instead)
 
     def _count_open(self, tr: Trace | None) -> None:
         if tr is None or tr.kind == "agent":  # canaries have their own pool, kept out of the counts
             self.connections_opened += 1
 
-    async def _count_open_signal(self, session: Any, ctx: SimpleNamespace, params: Any) -> None:
-        self._count_open(_trace_of(ctx))
-
-    def _connector(self, **kwargs: Any) -> aiohttp.TCPConnector:
+    def _connector(self, **kwargs: Any) -> _TracedConnector:
         kwargs["ssl"] = self.ssl
-        if not self.traced_classes:
-            return aiohttp.TCPConnector(**kwargs)
         connector = _TracedConnector(**kwargs)
         connector.on_open = self._count_open
         connector.queue = self.queued_bodies
         return connector
 
-    def _session(self, connector: aiohttp.TCPConnector, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
-        extra: dict[str, Any] = {"request_class": _TracedRequest} if self.traced_classes else {}
-        session = aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=self._trace_configs,
-                                        headers=self.headers, auto_decompress=True, **extra)
+    def _session(self, connector: _TracedConnector, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+        session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self.headers,
+                                        auto_decompress=True, request_class=_TracedRequest)
         if self.direct:  # requests to the target skip session.post's per-request layers (`direct`)
-            connector.direct = DirectPost(session, self.url)  # type: ignore[attr-defined]
+            connector.direct = DirectPost(session, self.url)
         return session
 
     def _new_session(self, force_close: bool | None = None, limit: int | None = None) -> aiohttp.ClientSession:
@@ -537,8 +466,8 @@ class Transport:
         timeout = client_timeout(c)
         limit = c.limit if limit is None else limit
         if limit and c.aiohttp_waiters_max and c.session == "shared":  # (an agent's own pool: one request at a time)
-            connector.gate = PoolGate(limit + c.aiohttp_waiters_max, connector, self.queued_bodies, timeout)  # type: ignore[attr-defined]
-            self._gates.append(connector.gate)  # type: ignore[attr-defined]
+            connector.gate = PoolGate(limit + c.aiohttp_waiters_max, connector, self.queued_bodies, timeout)
+            self._gates.append(connector.gate)
         return self._session(connector, timeout)
 
     def session_for(self, agent: int) -> aiohttp.ClientSession:
