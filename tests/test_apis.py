@@ -517,13 +517,13 @@ def test_through_smg_each_api(tmp_path, api):
     from smgproc import SmgProcess, smg_executable
     if smg_executable() is None:
         pytest.skip("the `smg` executable is missing (pip install smg, or pip install -e '.[test]')")
-    good = MockProcess.start(MockConfig(decode_tokens_per_s=2000, output_tokens=16, name="good"))
-    bad = MockProcess.start(MockConfig(decode_tokens_per_s=2000, output_tokens=16, hang_above_tokens=6000,
-                                       name="bad"))
-    smg = None
-    try:
-        smg = SmgProcess.start([good.base, bad.base], tmp_path / "smg.log",
-                               ["--disable-retries", "--request-timeout-secs", "60"])
+    from serverprocs import RouterStack
+
+    flags = ["--disable-retries", "--request-timeout-secs", "60"]
+    with RouterStack(lambda urls: SmgProcess.start(urls, tmp_path / "smg.log", flags)) as stack:
+        smg, (good, bad) = stack.start([
+            MockConfig(decode_tokens_per_s=2000, output_tokens=16, name="good"),
+            MockConfig(decode_tokens_per_s=2000, output_tokens=16, hang_above_tokens=6000, name="bad")])
         res = run_scenario("long-context-hang", tmp_path / "run", [f'target.endpoint="{smg.url}"', f'target.api="{api}"',
                                                                    "canary.every_s=1.0"])
         v = res.summary["verdict"]
@@ -533,10 +533,6 @@ def test_through_smg_each_api(tmp_path, api):
         assert all(r.server_prompt_tokens == r.prompt_tokens for r in recs if r.outcome == "ok")
         every = load_records(tmp_path / "run" / "records.jsonl").records  # the stall probes that resent a big body too
         assert bad.stats()["hung"] == len([r for r in recs if r.stalled_phase]) + len(hung_probes(every, 6000)) > 0
-    finally:
-        for p in (smg, bad, good):
-            if p is not None:
-                p.stop()
 
 
 # ------------------------------------------------------------------ upstream llama.cpp llama-server (all three)
