@@ -8,7 +8,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentload.run.chat_stream import ChatStream, assistant_turn
+from agentload.run.apis.reader import assistant_turn
+from agentload.run.chat_stream import ChatStream
 from agentload.run.conversation import Conversation, agent_rng, synthetic_text
 from agentload.run.scenario import ConversationConfig, Dist, const
 from agentload.tokens import prompt_tokens, text_tokens
@@ -75,7 +76,7 @@ def test_the_body_asked_for_at_any_point_is_the_history_so_far(texts, seed):
 
 
 def test_tool_call_turns_carry_the_configured_content_scripted_and_from_the_model():
-    from agentload.run.request import wants_stream
+    from agentload.run.request_body import wants_stream
 
     calls_chunk = (b'{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","type":"function",'
                    b'"function":{"name":"tool_1","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}')

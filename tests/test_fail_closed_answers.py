@@ -1,6 +1,10 @@
 """Issue 27, items 1, 2 and 13: answers that complete but cannot be used as they came, read over
 real HTTP against `fakeserver.FakeServer` on 127.0.0.1.
 
+- 1: a tool call agentload would have to invent or repair (no id, arguments that are not JSON or
+  cut mid-JSON, two calls on one index) is recorded (`tool_call_problems`) and, in mode model,
+  ends the conversation: never sent back. The same in each API (chat, Messages, Responses: issue 29).
+
 - 2: `[DONE]` ends the answer: events after it are not counted, and a body held open after it is
   ended there (its connection closed); both are protocol findings, never a stall.
 - 13: a stream sent with `Content-Encoding: gzip` (though agentload asks for identity) is
@@ -43,11 +47,14 @@ class Recs(list):
     requests: list
 
 
-def _run(tmp_path, handler, *extra: str) -> Recs:
-    """2 agents x 2 rounds, no canaries, no retries of errors."""
-    with FakeServer(handler) as srv:
-        res = run_scenario("demo", tmp_path, [f'target.endpoint="{srv.url}"', "agents.count=2", "agents.rounds=2",
-                                              "canary.every_s=0", "agents.error_retries=0",
+PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
+
+
+def _run(tmp_path, handler, *extra: str, api: str = "chat") -> Recs:
+    """2 agents x 2 rounds, no canaries, no retries of errors, speaking `api`."""
+    with FakeServer(handler, path=PATHS[api]) as srv:
+        res = run_scenario("demo", tmp_path, [f'target.endpoint="{srv.url}"', f'target.api="{api}"', "agents.count=2",
+                                              "agents.rounds=2", "canary.every_s=0", "agents.error_retries=0",
                                               "conversation.tool_latency_ms=0", *extra])
         assert srv.requests, "the fake server got no request"
     loaded = load_records(tmp_path / "records.jsonl")
@@ -291,3 +298,85 @@ def test_truncation_counts_in_scripted_mode_when_a_tool_call_was_expected(tmp_pa
         if expected == "truncated":
             assert all(r.tool_call_problems[0].startswith("truncated: finish_reason length") for r in recs)
             assert "4 of 4 answers" in v["summary"], v["summary"]
+
+
+# ----------------------------------------------------------------------------- 1, in every API (issue 29)
+
+
+def _ev(name: str, obj: dict) -> str:
+    return f"event: {name}\ndata: {orjson.dumps(obj).decode()}\n\n"
+
+
+def _tool_answer(api: str, cid: str | None, pieces: list[str], cut: bool = False) -> list[str]:
+    """One answer with one tool call (`tool_1`, id `cid`, its arguments in `pieces`) in `api`'s stream,
+    ended by the tool call, or (`cut`) by max_tokens."""
+    if api == "chat":
+        return _answer(chunk({"tool_calls": [_call(id=cid)]}), *[_args(0, p) for p in pieces],
+                       finish="length" if cut else "tool_calls")
+    if api == "messages":
+        block = {"type": "tool_use", "name": "tool_1", "input": {}, **({"id": cid} if cid else {})}
+        return [_ev("message_start", {"type": "message_start", "message": {
+                    "id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": "m",
+                    "usage": {"input_tokens": 10, "output_tokens": 1}}}),
+                _ev("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}),
+                *[_ev("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                              "delta": {"type": "input_json_delta", "partial_json": p}})
+                  for p in pieces],
+                _ev("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                _ev("message_delta", {"type": "message_delta", "delta": {"stop_reason": "max_tokens" if cut else
+                                                                         "tool_use"}, "usage": {"output_tokens": 3}}),
+                _ev("message_stop", {"type": "message_stop"})]
+    item = {"type": "function_call", "id": "fc_1", "name": "tool_1", "arguments": "", **({"call_id": cid} if cid else {})}
+    usage = {"input_tokens": 10, "output_tokens": 3}
+    end = (_ev("response.incomplete", {"type": "response.incomplete", "response": {
+               "id": "resp_1", "object": "response", "status": "incomplete", "usage": usage,
+               "incomplete_details": {"reason": "max_output_tokens"}}}) if cut else
+           _ev("response.completed", {"type": "response.completed", "response": {
+               "id": "resp_1", "object": "response", "status": "completed", "usage": usage}}))
+    return [_ev("response.created", {"type": "response.created", "response": {
+                "id": "resp_1", "object": "response", "status": "in_progress", "output": []}}),
+            _ev("response.output_item.added", {"type": "response.output_item.added", "output_index": 0, "item": item}),
+            *[_ev("response.function_call_arguments.delta", {"type": "response.function_call_arguments.delta",
+                                                             "output_index": 0, "item_id": "fc_1", "delta": p})
+              for p in pieces],
+            end]
+
+
+APIS = ("chat", "messages", "responses")
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("case,cid,pieces,cut,kind,codes", [
+    ("not-json", "call_1", ["query=abc", "&limit=2"], False, "malformed_tool_calls", {"bad_arguments"}),
+    ("no-id", None, ['{"query": ', '"x"}'], False, "malformed_tool_calls", {"no_id"}),
+    ("cut-mid-json", "call_1", ['{"query": ', '"ab'], True, "truncated", {"truncated", "bad_arguments"}),
+])
+def test_a_tool_call_that_cannot_be_sent_back_ends_the_conversation_in_every_api(tmp_path, api, case, cid, pieces,
+                                                                                  cut, kind, codes):
+    """The chat behaviour in each API: the answer is ok, its record names the problems, the
+    conversation ends there (nothing sent back), and the verdict says which kind."""
+    recs = _run(tmp_path, _sse(_tool_answer(api, cid, pieces, cut)), *MODEL, api=api)
+    _assert_stopped(recs, kind, codes)
+    assert all(r.error is None and r.tool_calls == 1 and r.finish_reason == ("length" if cut else "tool_calls")
+               for r in recs), [(r.error, r.tool_calls, r.finish_reason) for r in recs]
+    joined = "".join(pieces)
+    assert any(orjson.dumps(joined[:20]).decode()[1:-1] in e for e in recs.verdict["evidence"]) or case == "no-id", \
+        recs.verdict["evidence"]
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_whole_tool_calls_go_on_in_every_api(tmp_path, api):
+    """The near miss of the test above: the same answer with whole arguments is sent back, round after round."""
+    recs = _run(tmp_path, _sse(_tool_answer(api, "call_1", ['{"query": ', '"x"}'])), *MODEL, api=api)
+    assert sorted((r.agent, r.round) for r in recs) == [(a, n) for a in (0, 1) for n in (1, 2, 3)]
+    assert all(r.outcome == "ok" and r.tool_call_problems is None for r in recs)
+    assert recs.verdict["kind"] == "healthy", recs.verdict
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_scripted_agents_go_on_past_a_malformed_tool_call_in_every_api(tmp_path, api):
+    recs = _run(tmp_path, _sse(_tool_answer(api, "call_1", ["query=abc"])), api=api)
+    assert len(recs) == 4 and all(r.outcome == "ok" and r.error is None for r in recs)
+    assert all([p.split(":")[0] for p in r.tool_call_problems] == ["bad_arguments"] for r in recs)
+    v = recs.verdict
+    assert v["kind"] == "malformed_tool_calls" and v["agents_stopped"] == 0, v

@@ -242,7 +242,7 @@ def test_non_streamed_empty_answer_is_ok(tmp_path):
 
 
 def test_wants_stream_reads_the_top_level_key():
-    from agentload.run.request import wants_stream
+    from agentload.run.request_body import wants_stream
 
     assert wants_stream(b'{"model":"m","max_tokens":8,"stream":true,"messages":[]}')
     assert wants_stream(b'{"model": "m", "stream": true}')
@@ -252,7 +252,7 @@ def test_wants_stream_reads_the_top_level_key():
 
 
 def test_first_bytes_is_one_short_line():
-    from agentload.run.request import first_bytes
+    from agentload.run.answer import first_bytes
 
     assert first_bytes(b"") == "(empty body)"
     assert first_bytes(b"<html>\r\n<body>\tx") == "<html>  <body> x"

@@ -20,6 +20,7 @@ import agentload.run.request as rq
 from agentload.mock import MockConfig, MockProcess
 from agentload.records import Trace, load_records
 from agentload.run.conversation import Conversation, agent_rng
+from agentload.run.request_body import ConversationBody
 from agentload.run.scenario import ClientConfig, ConversationConfig, TargetConfig, const
 from agentload.run.transport import Transport
 
@@ -60,7 +61,7 @@ async def _send_all(url: str, convs: list[Conversation], park_mb: float) -> tupl
     try:
         sends = []
         for i, conv in enumerate(convs):
-            body = rq.ConversationBody(conv)
+            body = ConversationBody(conv)
             trace = Trace("agent", i, 1, 0, f"park-a{i}-r1-c0", conv.n_messages, body.size, conv.tokens)
             traces.append(trace)
             sends.append(rq.send(session, tr.url, body, trace))

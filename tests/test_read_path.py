@@ -406,10 +406,12 @@ async def test_both_paths_fail_closed_the_same_way(name, monkeypatch):
 
 
 def test_server_stamp_parser():
-    assert rq.server_stamp(b'{"mock_sent_ns":123456,"id":"x"}') == 123456
-    assert rq.server_stamp(b'{"mock_sent_ns": 42}') == 42
-    assert rq.server_stamp(b'{"id":"x"}') is None
-    assert rq.server_stamp(b'{"mock_sent_ns":"oops"}') is None
+    from agentload.run.sse_body import server_stamp
+
+    assert server_stamp(b'{"mock_sent_ns":123456,"id":"x"}') == 123456
+    assert server_stamp(b'{"mock_sent_ns": 42}') == 42
+    assert server_stamp(b'{"id":"x"}') is None
+    assert server_stamp(b'{"mock_sent_ns":"oops"}') is None
 
 
 @pytest.mark.parametrize("stream", [True, False])

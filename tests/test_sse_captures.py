@@ -4,9 +4,9 @@ Every capture under tests/data/sse/ is the raw body of one streamed answer (chat
 the `api` its table names: messages, responses) (the bytes
 after HTTP's chunked framing, as a server sent them), with one table in
 tests/data/sse/captures.toml saying where it came from and what agentload must find in it. Each
-is fed to the read loop's per-read work (`request.SSEBody`: the SSE decoder, ChatStream, the
+is fed to the read loop's per-read work (`sse_body.SSEBody`: the SSE decoder, the API's reader, the
 token stamps) in random splits, from one read down to a byte a read, then judged the way a
-finished stream is (`request._stream_verdict`): every split must give the same result, and that
+finished stream is (`answer.stream_verdict`): every split must give the same result, and that
 result must be the one written down.
 
 A new capture: the body bytes in a file here (e.g. `curl -sN ... > tests/data/sse/NAME.sse`), and
@@ -25,7 +25,8 @@ import pytest
 
 from agentload.records import Trace
 from agentload.run import apis
-from agentload.run.request import SSEBody, _stream_verdict
+from agentload.run.answer import stream_verdict
+from agentload.run.sse_body import SSEBody
 
 DIR = Path(__file__).resolve().parent / "data" / "sse"
 EXPECTED = DIR / "captures.toml"
@@ -51,7 +52,7 @@ def replay(data: bytes, pieces: list[bytes], api: str = "chat") -> dict:
     for p in pieces:
         body.feed(p)
     cs = body.finish()
-    error, msg = _stream_verdict(cs, trace)
+    error, msg = stream_verdict(cs, trace)
     # the read loop's own counts agree with the ChatStream's, and first_token is stamped iff a token came
     assert trace.token_chunks == cs.token_chunks and trace.bad_events == cs.bad_json
     assert ("first_token" in trace.t) == (cs.token_chunks > 0) == (trace.first_output is not None)

@@ -35,7 +35,7 @@ PROBE_KINDS = {
     "probe_body_reused": "the stalled request's own body on a reused keep-alive connection",
 }
 
-# The codes of a record's `tool_call_problems` (`agentload.run.chat_stream.ChatStream.tool_call_problems`)
+# The codes of a record's `tool_call_problems` (`agentload.run.apis.tool_calls.ToolCalls.problems`)
 TRUNCATED = "truncated"  # finish_reason length on an answer that carried a tool call or was asked for one
 BAD_ARGUMENTS = "bad_arguments"  # arguments not a JSON object: not JSON (cut mid-JSON), an array, an object not a string
 NO_ID = "no_id"  # a call without an id: its tool result could not name it
@@ -183,12 +183,12 @@ class Record:
     # The W3C `traceparent` sent (`[target] traceparent`): trace id per conversation, span id per request
     traceparent: str | None = None
     # What a stream did against the protocol without keeping its answer from being read, one
-    # `code: detail` line each (`agentload.run.request.protocol_notes`): `events_after_done` (data
+    # `code: detail` line each (`agentload.run.answer.protocol_notes`): `events_after_done` (data
     # events after [DONE], never part of the answer), `held_open_after_done` (the body was still open
     # past [DONE]; agentload ended the read and closed the connection). None: nothing.
     protocol: list[str] | None = None
     # Why the answer's tool calls could not be sent back as they came, one `code: detail` line each
-    # (`agentload.run.chat_stream.ChatStream.tool_call_problems`): `truncated` (finish_reason length
+    # (`agentload.run.apis.tool_calls.ToolCalls.problems`): `truncated` (finish_reason length
     # where a tool call was expected), `bad_arguments`, `no_id`, `no_name`, `ids_on_one_index`. In
     # mode model the agent's conversation ends on any but a lone `truncated` (agent.py). None: none.
     tool_call_problems: list[str] | None = None

@@ -24,7 +24,9 @@ from agentload.run.conversation import Conversation, agent_rng  # numpy Generato
 from agentload.run.replay import new_conversation
 from agentload.records import Record, Trace, tool_calls_sendable
 from agentload.records.overflow import overflow
-from agentload.run.request import ConversationBody, Result, Tap, classify_exception, send, sent_request_id
+from agentload.run.answer import Result
+from agentload.run.request import Tap, classify_exception, send, sent_request_id
+from agentload.run.request_body import ConversationBody
 
 if TYPE_CHECKING:
     from agentload.run.context import RunContext

@@ -50,22 +50,10 @@ why the body is not a ``chat.completion`` object (``"not JSON"``, ``"no choices"
 
 Only choice index 0 is accumulated (agents send ``n=1``; other choices are ignored).
 
-Tool calls are joined by ``index``: ``id``, ``type`` and ``function.name`` come from
-the first non-null value seen for that index (later values are ignored);
-``arguments`` fragments are concatenated as received, even if the result is not
-valid JSON. Explicit ``null``s (SGLang) and empty ids are ignored. A fragment without an
-``index`` (non-conforming servers) continues the last call, unless it carries an
-``id`` different from the last call's id, which starts a new call.
-
-``tool_call_problems(expected)`` says, once the answer is read, why its tool calls cannot be sent
-back as they came (a real agent would have to invent or repair something): a call without an id
-or a name, arguments that are not a JSON object (not JSON, cut mid-JSON, an object sent instead of
-a string), a second id on an index already taken by another call (two calls the server merged),
-and an answer cut by ``finish_reason: "length"`` that carried a tool call or was asked for one.
-Only the last check is made while the stream is read (a fragment's id against its call's).
-
-Size: ~720 lines: chat's stream reader and its tool-call checks, which the other APIs' readers
-mirror; a split by idea is issue 28's next step.
+Tool calls are assembled by `agentload.run.apis.tool_calls.ToolCalls.merge_chat` (joined by
+``index``); ``tool_call_problems(expected, max_tokens)`` is its check of whether they can be sent
+back as they came, the same for every API. The fields, flags and results every API's reader
+shares are `agentload.run.apis.reader`'s.
 """
 
 from __future__ import annotations
@@ -74,132 +62,29 @@ from typing import Any, Iterable
 
 import orjson
 
-from agentload.records.record import BAD_ARGUMENTS, IDS_ON_ONE_INDEX, NO_ID, NO_NAME, TRUNCATED
+from agentload.run.apis.reader import (BAD_JSON, BAD_SAMPLE, DONE, ERROR, FINISH, TOKEN, USAGE, AnswerReader,
+                                       error_text, short)
+from agentload.run.apis.tool_calls import NAME, PIECES
 
-__all__ = [
-    "TOKEN",
-    "FINISH",
-    "USAGE",
-    "DONE",
-    "ERROR",
-    "BAD_JSON",
-    "ChatStream",
-    "assistant_turn",
-]
+__all__ = ["TOKEN", "FINISH", "USAGE", "DONE", "ERROR", "BAD_JSON", "ChatStream"]
 
-TOKEN = 1
-FINISH = 2
-USAGE = 4
-DONE = 8
-ERROR = 16
-BAD_JSON = 32
-
-_ERROR_MAX = 300  # characters kept in ChatStream.error
-BAD_SAMPLE = 120  # bytes of the first malformed payload kept in ChatStream.first_bad
 _MAX_SHAPES = 4  # token-chunk shapes learned per stream (a server whose every chunk differs: the parsed path)
-_MAX_PROBLEMS = 8  # tool-call problems kept per answer
-
 
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
 
 
-def _short(s: str) -> str:
-    s = " ".join(s.split())
-    return s if len(s) <= _ERROR_MAX else s[: _ERROR_MAX - 3] + "..."
-
-
-def _error_text(err: Any, obj: dict) -> str:
-    """A one-line summary of an error object: ``type (code): message``."""
-    if isinstance(err, dict):
-        msg = err.get("message")
-        typ = err.get("type")
-        code = err.get("code")
-    else:
-        msg = err if isinstance(err, str) and err else None
-        typ = obj.get("type") if obj.get("type") != "error" else None
-        code = obj.get("code")
-        if msg is None and obj.get("object") == "error":
-            msg = obj.get("message")
-    head = str(typ) if typ else ""
-    if code is not None:
-        head = f"{head} ({code})" if head else str(code)
-    if msg is None:
-        msg = orjson.dumps(err).decode() if err is not None and err != "" else ""
-    text = f"{head}: {msg}" if head and msg else (head or str(msg) or "error")
-    return _short(text)
-
-
-class ChatStream:
+class ChatStream(AnswerReader):
     """Accumulates one chat-completions response; see the module docstring."""
 
-    __slots__ = (
-        "id",
-        "model",
-        "fingerprint",
-        "finish_reason",
-        "usage",
-        "error",
-        "errors",
-        "chunks",
-        "token_chunks",
-        "bad_json",
-        "first_bad",
-        "done",
-        "dones",
-        "no_choices",
-        "not_completion",
-        "first_token_payload",
-        "first_kind",
-        "after_done",
-        "after_done_tokens",
-        "first_after_done",
-        "_content",
-        "_calls",
-        "_last_index",
-        "_odd_calls",
-        "_shape",
-        "_learned",
-    )
+    __slots__ = ("_shape", "_learned")
 
     def __init__(self) -> None:
-        self.id: str | None = None
-        self.model: str | None = None
-        self.fingerprint: object = None  # system_fingerprint: the backend that answered
-        self.finish_reason: str | None = None
-        self.usage: dict | None = None
-        self.error: str | None = None  # first in-band error, short
-        self.errors = 0
-        self.chunks = 0  # data payloads added
-        self.token_chunks = 0  # payloads that returned TOKEN
-        self.bad_json = 0  # malformed events (see BAD_JSON)
-        self.first_bad: bytes | None = None  # leading bytes of the first malformed event
-        self.done = False
-        self.dones = 0  # [DONE] sentinels seen
-        self.no_choices = 0  # JSON objects without choices (usage-only chunks, errors, other)
-        self.not_completion: str | None = None  # from_response: why the body is not a chat.completion
-        self.first_token_payload: bytes | None = None  # the first chunk that carried a token
-        self.first_kind: str | None = None  # what that first output was: text, tool or reasoning (`_first_kind`)
-        self.after_done = 0  # data events after the first [DONE] (not taken)
-        self.after_done_tokens = 0  # ... of which carried a token
-        self.first_after_done: bytes | None = None  # the first one's leading bytes
-        self._content: list[str] = []
-        # index -> [id, type, name, [argument fragments]]
-        self._calls: dict[int, list] = {}
-        self._last_index: int | None = None
-        self._odd_calls: list[str] | None = None  # what the fragments did that no call should (`tool_call_problems`)
+        super().__init__()
         # The stream's usual token chunk as bytes around its one changing string (see `_learn`):
         # (head, tail, where the string goes: None for content, else a tool call's index), or None.
         self._shape: tuple[bytes, bytes, int | None] | None = None
         self._learned = 0  # shapes learned so far (at most _MAX_SHAPES per stream)
-
-    def __repr__(self) -> str:
-        return (
-            f"ChatStream(chunks={self.chunks}, token_chunks={self.token_chunks}, "
-            f"content_chars={len(self.content)}, tool_calls={len(self._calls)}, "
-            f"finish_reason={self.finish_reason!r}, usage={self.usage is not None}, "
-            f"done={self.done}, errors={self.errors}, bad_json={self.bad_json})"
-        )
 
     # ------------------------------------------------------------------ streaming
 
@@ -264,14 +149,14 @@ class ChatStream:
             return out
         self.chunks += n
         if call is not None:
-            self._last_index = call
+            self.calls.last_index = call
         tokens = n - texts.count("")
         if not tokens:
             return 0
         if call is None:
             self._content.extend(texts)
         else:
-            self._calls[call][3].extend(texts)
+            self.calls.calls[call][PIECES].extend(texts)
         if self.token_chunks == 0 and self.first_token_payload is None:
             self.first_token_payload = payloads[next(i for i, t in enumerate(texts) if t)]
             self.first_kind = "text" if call is None else "tool"
@@ -302,12 +187,11 @@ class ChatStream:
         plain token chunk)."""
         if self.done:  # the answer ended at [DONE]: nothing after it is taken
             return self._after_done((payload,))
+        self.chunks += 1
         if payload == b"[DONE]":
             self.done = True
             self.dones += 1
-            self.chunks += 1
             return DONE
-        self.chunks += 1
         try:
             obj = _loads(payload)
         except _JSONDecodeError:
@@ -318,55 +202,8 @@ class ChatStream:
             return self._bad(payload)
         if type(obj) is not dict:
             return self._bad(payload)
-
-        flags = 0
         choices = obj.get("choices")
-        if choices:
-            if self.id is None:
-                self.id = obj.get("id")
-                self.model = obj.get("model")
-                self.fingerprint = obj.get("system_fingerprint")
-            try:  # zero-cost unless a field has the wrong type (a str delta, choices: 5, ...)
-                for ch in choices:
-                    if type(ch) is not dict or ch.get("index"):
-                        continue  # only choice 0
-                    delta = ch.get("delta")
-                    c = tc = None
-                    if delta:
-                        c = delta.get("content")
-                        if c and type(c) is str:
-                            self._content.append(c)
-                            flags = TOKEN
-                        if c is None or len(delta) > 1:  # ({"content": ...} alone, the usual delta, has no more)
-                            r = delta.get("reasoning_content") or delta.get("reasoning")
-                            if r and type(r) is str:  # output (progress), never sent back: not kept
-                                flags = TOKEN
-                            tc = delta.get("tool_calls")
-                            if tc and self._add_tool_calls(tc):
-                                flags = TOKEN
-                    fr = ch.get("finish_reason")
-                    if fr:
-                        if type(fr) is not str:
-                            raise TypeError("finish_reason")
-                        self.finish_reason = fr
-                        flags |= FINISH
-                    elif (flags and self._learned < _MAX_SHAPES and len(choices) == 1 and len(delta) == 1
-                          and not obj.get("usage")):  # a plain token chunk: the stream's shape (`_learn`)
-                        if c:
-                            self._learn(payload, c, None)
-                        elif tc and len(tc) == 1:
-                            self._learn_call(payload, tc[0])
-            except (AttributeError, TypeError):
-                flags |= self._bad(payload)
-        else:
-            self.no_choices += 1
-            if self.id is None and "id" in obj:
-                self.id = obj.get("id")
-                self.fingerprint = obj.get("system_fingerprint")
-                self.model = obj.get("model")
-            err = obj.get("error")
-            if err or obj.get("object") == "error":
-                flags |= self._set_error(_error_text(err, obj))
+        flags = self._choices(payload, obj, choices) if choices else self._no_choices(obj)
         u = obj.get("usage")
         if u:
             if type(u) is dict:
@@ -381,12 +218,65 @@ class ChatStream:
                 self.first_kind = self._first_kind()
         return flags
 
+    def _choices(self, payload: bytes, obj: dict, choices: Any) -> int:
+        """A chunk's choices (only choice 0 is taken: agents send n=1); its flags."""
+        if self.id is None:
+            self.id = obj.get("id")
+            self.model = obj.get("model")
+            self.fingerprint = obj.get("system_fingerprint")
+        flags = 0
+        try:  # zero-cost unless a field has the wrong type (a str delta, choices: 5, ...)
+            for ch in choices:
+                if type(ch) is not dict or ch.get("index"):
+                    continue  # only choice 0
+                delta = ch.get("delta")
+                c = tc = None
+                if delta:
+                    c = delta.get("content")
+                    if c and type(c) is str:
+                        self._content.append(c)
+                        flags = TOKEN
+                    if c is None or len(delta) > 1:  # ({"content": ...} alone, the usual delta, has no more)
+                        r = delta.get("reasoning_content") or delta.get("reasoning")
+                        if r and type(r) is str:  # output (progress), never sent back: not kept
+                            flags = TOKEN
+                        tc = delta.get("tool_calls")
+                        if tc and self.calls.merge_chat(tc):
+                            flags = TOKEN
+                fr = ch.get("finish_reason")
+                if fr:
+                    if type(fr) is not str:
+                        raise TypeError("finish_reason")
+                    self.finish_reason = fr
+                    flags |= FINISH
+                elif (flags and self._learned < _MAX_SHAPES and len(choices) == 1 and len(delta) == 1
+                      and not obj.get("usage")):  # a plain token chunk: the stream's shape (`_learn`)
+                    if c:
+                        self._learn(payload, c, None)
+                    elif tc and len(tc) == 1:
+                        self._learn_call(payload, tc[0])
+        except (AttributeError, TypeError):
+            flags |= self._bad(payload)
+        return flags
+
+    def _no_choices(self, obj: dict) -> int:
+        """A chunk without choices: usage only, an in-band error, or something else; its flags."""
+        self.no_choices += 1
+        if self.id is None and "id" in obj:
+            self.id = obj.get("id")
+            self.fingerprint = obj.get("system_fingerprint")
+            self.model = obj.get("model")
+        err = obj.get("error")
+        if err or obj.get("object") == "error":
+            return self._set_error(error_text(err, obj))
+        return 0
+
     def _first_kind(self) -> str:
         """What the first output was (called once, when it came): text if any content came with it,
         else a tool call if one has a name or arguments, else reasoning."""
         if self._content:
             return "text"
-        if any(c[2] or c[3] for c in self._calls.values()):
+        if any(c[NAME] or c[PIECES] for c in self.calls.calls.values()):
             return "tool"
         return "reasoning"
 
@@ -413,7 +303,7 @@ class ChatStream:
         if type(idx) is not int or type(fn) is not dict or set(fn) != {"arguments"}:
             return
         args = fn["arguments"]
-        if type(args) is str and args and idx in self._calls:
+        if type(args) is str and args and idx in self.calls.calls:
             self._learn(payload, args, idx)
 
     def add_error_event(self, payload: bytes) -> int:
@@ -433,124 +323,11 @@ class ChatStream:
         if type(obj) is dict:
             flags = self.add(payload)
             if not flags & ERROR:
-                flags |= self._set_error(_error_text(obj, obj))
+                flags |= self._set_error(error_text(obj, obj))
             return flags
         self.chunks += 1
         text = payload.decode("utf-8", "replace").strip() or "error event"
-        return self._set_error(_short(text))
-
-    def _bad(self, payload: bytes) -> int:
-        """Count one malformed event (see BAD_JSON)."""
-        self.bad_json += 1
-        if self.first_bad is None:
-            self.first_bad = payload[:BAD_SAMPLE]
-        return BAD_JSON
-
-    def _set_error(self, text: str) -> int:
-        self.errors += 1
-        if self.error is None:
-            self.error = text
-        return ERROR
-
-    def _add_tool_calls(self, frags: Any) -> bool:
-        """Merge tool-call fragments; True if any carried a name or arguments text."""
-        token = False
-        calls = self._calls
-        for f in frags:
-            if type(f) is not dict:
-                continue
-            idx = f.get("index")
-            fid = f.get("id")
-            if type(idx) is not int:
-                # Non-conforming server without index: continue the last call unless
-                # this fragment opens a new one (a different id).
-                last = self._last_index
-                if last is None or (fid and calls[last][0] is not None and calls[last][0] != fid):
-                    idx = 0 if last is None else max(calls) + 1
-                else:
-                    idx = last
-            call = calls.get(idx)
-            if call is None:
-                call = calls[idx] = [None, None, None, []]
-            self._last_index = idx
-            if fid:
-                if call[0] is None:
-                    call[0] = fid
-                elif fid != call[0]:  # a second call on a taken index: joined into one by the rule above
-                    self._odd(f"{IDS_ON_ONE_INDEX}: index {idx} carried the ids {_sample(call[0])} and "
-                              f"{_sample(fid)}: two calls that would be merged into one")
-            ftype = f.get("type")
-            if ftype is not None and call[1] is None:
-                call[1] = ftype
-            fn = f.get("function")
-            if fn:
-                name = fn.get("name")
-                if name:
-                    if call[2] is None:
-                        call[2] = name
-                    token = True
-                args = fn.get("arguments")
-                if args:
-                    if type(args) is not str:  # non-conforming: an object, not a string
-                        args = orjson.dumps(args).decode()
-                        self._odd(f"{BAD_ARGUMENTS}: index {idx} sent its arguments as a JSON "
-                                  f"{_json_type(fn.get('arguments'))}, not a string")
-                    call[3].append(args)
-                    token = True
-        return token
-
-    def _odd(self, line: str) -> None:
-        odd = self._odd_calls
-        if odd is None:
-            self._odd_calls = [line]
-        elif len(odd) < _MAX_PROBLEMS and line not in odd:
-            odd.append(line)
-
-    def tool_call_problems(self, expected: bool = False, max_tokens: int | None = None) -> list[str] | None:
-        """Why this answer's tool calls cannot be sent back as they came, one `code: detail` line
-        each (the record's `tool_call_problems`); None when nothing is wrong. `expected`: a tool call
-        was asked for (`tool_choice` "required" or a tool's name), so an answer cut by max_tokens is
-        truncated even without one. Codes: `truncated` (finish_reason length on an answer that carried
-        a tool call or was asked for one; or arguments cut mid-JSON once the answer's tokens reached
-        `max_tokens`, whatever finish_reason said: llama-cpp-python says "tool_calls" for a named tool
-        however it ended), `bad_arguments`, `no_id`, `no_name`, `ids_on_one_index`."""
-        calls = self._calls
-        if not calls and not (expected and self.finish_reason == "length"):
-            return None
-        out: list[str] = []
-        cut = 0
-        for i, c in enumerate(self.tool_calls if calls else ()):
-            fn = c["function"]
-            name = fn["name"]
-            who = f"call {i} ({name})" if name else f"call {i}"
-            if not c["id"]:
-                out.append(f"{NO_ID}: {who} came without an id (a tool result cannot name it)")
-            if not name:
-                out.append(f"{NO_NAME}: {who} came without a function name")
-            args = fn["arguments"]
-            try:
-                obj = _loads(args)
-            except _JSONDecodeError:
-                cut += 1
-                out.append(f"{BAD_ARGUMENTS}: {who} arguments are not JSON ({len(args)} chars): {_sample(args)}")
-                continue
-            if type(obj) is not dict:
-                out.append(f"{BAD_ARGUMENTS}: {who} arguments are a JSON {_json_type(obj)}, not an object: "
-                           f"{_sample(args)}")
-        if self._odd_calls:
-            out.extend(self._odd_calls)
-        n = len(self.tool_calls) if calls else 0
-        if self.finish_reason == "length" and (calls or expected):
-            what = (f"{n} tool call(s), the arguments of {cut} cut mid-JSON" if cut else
-                    f"{n} tool call(s) with whole arguments" if n else "no tool call, though one was asked for")
-            out.insert(0, f"{TRUNCATED}: finish_reason length after {self.token_chunks} token chunk(s): {what}")
-        elif cut and max_tokens:
-            u = self.usage.get("completion_tokens") if self.usage else None
-            used, unit = (u, "completion_tokens") if type(u) is int else (self.token_chunks, "token chunk(s)")
-            if used >= max_tokens:
-                out.insert(0, f"{TRUNCATED}: finish_reason {self.finish_reason} but {used} {unit}, max_tokens "
-                              f"{max_tokens}: {n} tool call(s), the arguments of {cut} cut mid-JSON")
-        return out[:_MAX_PROBLEMS] or None
+        return self._set_error(short(text))
 
     # ------------------------------------------------------------------ non-streaming
 
@@ -564,16 +341,8 @@ class ChatStream:
         ``chat.completion`` object (None if it is one, or an error object: see ``error``).
         """
         self = cls()
-        self.chunks = 1
-        try:
-            obj = _loads(body)
-        except _JSONDecodeError:
-            self.not_completion = "not JSON"
-            self._bad(body)
-            return self
-        if type(obj) is not dict:
-            self.not_completion = f"a JSON {type(obj).__name__.replace('NoneType', 'null')}, not an object"
-            self._bad(body)
+        obj = self._whole_object(body)
+        if obj is None:
             return self
         self.id = obj.get("id")
         self.fingerprint = obj.get("system_fingerprint")
@@ -594,28 +363,7 @@ class ChatStream:
                     self.not_completion = "choice 0 has no message object"
                     break
                 self.not_completion = None
-                c = msg.get("content")
-                if c and type(c) is str:
-                    self._content.append(c)
-                    token = True
-                r = msg.get("reasoning_content") or msg.get("reasoning")
-                if r and type(r) is str:
-                    token = True
-                tcs = msg.get("tool_calls")
-                if tcs and type(tcs) is list:
-                    frags = []
-                    for i, tc in enumerate(tcs):
-                        if type(tc) is dict:
-                            tc = dict(tc)
-                            tc.setdefault("index", i)
-                            if tc["index"] is None:
-                                tc["index"] = i
-                            frags.append(tc)
-                    try:
-                        if self._add_tool_calls(frags):
-                            token = True
-                    except (AttributeError, TypeError):  # a "function" that is not an object
-                        self._bad(body)
+                token = self._whole_message(body, msg)
                 fr = ch.get("finish_reason")
                 if fr:
                     if type(fr) is str:
@@ -626,7 +374,7 @@ class ChatStream:
         else:
             err = obj.get("error")
             if err or obj.get("object") == "error":
-                self._set_error(_error_text(err, obj))
+                self._set_error(error_text(err, obj))
             else:
                 self.not_completion = "no choices"
         u = obj.get("usage")
@@ -640,80 +388,29 @@ class ChatStream:
             self.first_kind = self._first_kind()
         return self
 
-    # ------------------------------------------------------------------ results
-
-    @property
-    def content(self) -> str:
-        parts = self._content
-        if len(parts) > 1:
-            parts[:] = ["".join(parts)]
-        return parts[0] if parts else ""
-
-    @property
-    def tool_calls(self) -> list[dict]:
-        """Joined tool calls in index order: ``{"id","type","function":{"name","arguments"}}``.
-
-        ``type`` defaults to ``"function"`` if the server never sent one; ``id`` and
-        ``name`` are None if never sent (the caller decides what to do about that).
-        An index that only ever received nulls/empty strings is not a call and is skipped.
-        """
-        out = []
-        for idx in sorted(self._calls):
-            cid, ctype, name, args = self._calls[idx]
-            if cid is None and name is None and not args:
-                continue  # an empty fragment (only index/type/nulls) is not a call
-            if len(args) > 1:
-                args[:] = ["".join(args)]
-            out.append(
-                {
-                    "id": cid,
-                    "type": ctype or "function",
-                    "function": {"name": name, "arguments": args[0] if args else ""},
-                }
-            )
-        return out
-
-    @property
-    def tool_call_count(self) -> int:
-        """len(self.tool_calls), without building them when there are none."""
-        return len(self.tool_calls) if self._calls else 0
-
-    def assistant_message(self, content: str = "null") -> dict:
-        """The assistant message a real agent appends to its history (see `assistant_turn`).
-
-        ``content`` says how a turn with no text is sent (``conversation.assistant_content``:
-        "empty", "null" or "omit"); ``tool_calls`` is omitted when there are none; ids and
-        arguments exactly as received. Reasoning is not sent back.
-        """
-        calls = self.tool_calls if self._calls else None
-        if calls:
-            for c in calls:
-                c["type"] = "function"
-        return assistant_turn(self.content, calls, content)
-
-
-def _sample(text: str, n: int = 60) -> str:
-    """A short quote of what the server sent."""
-    q = orjson.dumps(text[:n]).decode()
-    return q + ("..." if len(text) > n else "")
-
-
-def _json_type(v: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(v), "number")
-
-
-def assistant_turn(text: str | None, calls: list | None, content: str = "empty") -> dict:
-    """An assistant turn as agentload sends it back: its text, or for a turn without text (a
-    tool-call turn) `"content": ""` (content="empty"), `null` ("null") or no content key ("omit");
-    `tool_calls` only when there are some. The one rule for scripted and model turns."""
-    if text:
-        msg: dict = {"role": "assistant", "content": text}
-    elif content == "empty":
-        msg = {"role": "assistant", "content": ""}
-    elif content == "null":
-        msg = {"role": "assistant", "content": None}
-    else:  # omit
-        msg = {"role": "assistant"}
-    if calls:
-        msg["tool_calls"] = calls
-    return msg
+    def _whole_message(self, body: bytes, msg: dict) -> bool:
+        """Choice 0's message of a non-streamed answer; True if it carried output."""
+        token = False
+        c = msg.get("content")
+        if c and type(c) is str:
+            self._content.append(c)
+            token = True
+        r = msg.get("reasoning_content") or msg.get("reasoning")
+        if r and type(r) is str:
+            token = True
+        tcs = msg.get("tool_calls")
+        if tcs and type(tcs) is list:
+            frags = []
+            for i, tc in enumerate(tcs):
+                if type(tc) is dict:
+                    tc = dict(tc)
+                    tc.setdefault("index", i)
+                    if tc["index"] is None:
+                        tc["index"] = i
+                    frags.append(tc)
+            try:
+                if self.calls.merge_chat(frags):
+                    token = True
+            except (AttributeError, TypeError):  # a "function" that is not an object
+                self._bad(body)
+        return token

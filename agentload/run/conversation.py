@@ -28,7 +28,7 @@ import orjson
 
 from agentload.run import apis
 from agentload.run.apis import chat as _chat
-from agentload.run.chat_stream import assistant_turn
+from agentload.run.apis.reader import assistant_turn
 from agentload.run.scenario import ConversationConfig
 from agentload.tokens import _WORDS, message_tokens, text_tokens
 

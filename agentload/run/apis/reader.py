@@ -1,0 +1,258 @@
+"""What every API's reader of one answer shares: the flags `add` returns, the fields it fills, the
+error texts, and the assistant turn it gives back.
+
+`AnswerReader` holds the fields and results every reader has (chat's `ChatStream`, Messages'
+`MessagesStream`, Responses' `ResponsesStream`), its tool calls in one `ToolCalls`; `EventReader`
+adds the read loop of the APIs whose events name their own `type` and end with a terminal event
+(Messages, Responses): each subclass gives a table of handlers, one per event type.
+
+Flags (what a data event carried, or-ed over a read's events):
+
+- `TOKEN`: output: text, reasoning, a tool call's name or a piece of its arguments. Not output: a
+  role-only chunk, an id-only tool-call fragment, a finish-only or usage-only chunk.
+- `FINISH`: the answer said how it ended (chat's finish_reason, Messages' stop_reason, ...).
+- `USAGE`: token counts.
+- `DONE`: the end of the answer (chat's `[DONE]`, `message_stop`, `response.completed`).
+- `ERROR`: an in-band error (`.error` keeps the first as a short line, `.errors` counts them).
+- `BAD_JSON`: a malformed event (not JSON, not an object, wrong-shaped fields): counted in
+  `.bad_json` (the record's `bad_events`), its first bytes in `.first_bad`; never raises.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import orjson
+
+from agentload.run.apis.tool_calls import ToolCalls
+
+TOKEN = 1
+FINISH = 2
+USAGE = 4
+DONE = 8
+ERROR = 16
+BAD_JSON = 32
+
+_ERROR_MAX = 300  # characters kept in .error
+BAD_SAMPLE = 120  # bytes of the first malformed payload kept in .first_bad
+
+_loads = orjson.loads
+_JSONDecodeError = orjson.JSONDecodeError
+
+
+def short(s: str) -> str:
+    """One line of at most _ERROR_MAX characters."""
+    s = " ".join(s.split())
+    return s if len(s) <= _ERROR_MAX else s[: _ERROR_MAX - 3] + "..."
+
+
+def error_text(err: Any, obj: dict) -> str:
+    """A one-line summary of an error object: ``type (code): message``."""
+    if isinstance(err, dict):
+        msg = err.get("message")
+        typ = err.get("type")
+        code = err.get("code")
+    else:
+        msg = err if isinstance(err, str) and err else None
+        typ = obj.get("type") if obj.get("type") != "error" else None
+        code = obj.get("code")
+        if msg is None and obj.get("object") == "error":
+            msg = obj.get("message")
+    head = str(typ) if typ else ""
+    if code is not None:
+        head = f"{head} ({code})" if head else str(code)
+    if msg is None:
+        msg = orjson.dumps(err).decode() if err is not None and err != "" else ""
+    text = f"{head}: {msg}" if head and msg else (head or str(msg) or "error")
+    return short(text)
+
+
+def assistant_turn(text: str | None, calls: list | None, content: str = "empty") -> dict:
+    """An assistant turn as agentload sends it back: its text, or for a turn without text (a
+    tool-call turn) `"content": ""` (content="empty"), `null` ("null") or no content key ("omit");
+    `tool_calls` only when there are some. The one rule for scripted and model turns."""
+    if text:
+        msg: dict = {"role": "assistant", "content": text}
+    elif content == "empty":
+        msg = {"role": "assistant", "content": ""}
+    elif content == "null":
+        msg = {"role": "assistant", "content": None}
+    else:  # omit
+        msg = {"role": "assistant"}
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+class AnswerReader:
+    """The fields and results of one answer, whatever its API (see `agentload.run.apis`)."""
+
+    END: str | None = None  # the API's terminal event (None: chat's, whose [DONE] is optional)
+    FINISH = "finish_reason"  # what says how the answer ended, in the API's words
+    OBJECT = "chat.completion"  # what a non-streamed answer is
+
+    __slots__ = ("id", "model", "fingerprint", "finish_reason", "usage", "error", "errors", "chunks", "token_chunks",
+                 "bad_json", "first_bad", "done", "dones", "no_choices", "not_completion", "first_token_payload",
+                 "first_kind", "after_done", "after_done_tokens", "first_after_done", "_content", "calls")
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.model: str | None = None
+        self.fingerprint: object = None  # system_fingerprint: the backend that answered
+        self.finish_reason: str | None = None  # in chat's words: stop, length, tool_calls, ...
+        self.usage: dict | None = None  # in chat's keys
+        self.error: str | None = None  # first in-band error, short
+        self.errors = 0
+        self.chunks = 0  # data payloads added
+        self.token_chunks = 0  # payloads that returned TOKEN
+        self.bad_json = 0  # malformed events (see BAD_JSON)
+        self.first_bad: bytes | None = None  # leading bytes of the first malformed event
+        self.done = False
+        self.dones = 0  # end events seen
+        self.no_choices = 0  # events that carried no output
+        self.not_completion: str | None = None  # from_response: why the body is not the API's answer object
+        self.first_token_payload: bytes | None = None  # the first event that carried a token
+        self.first_kind: str | None = None  # what that first output was: text, tool or reasoning
+        self.after_done = 0  # (chat) data events after the first [DONE] (not taken)
+        self.after_done_tokens = 0  # ... of which carried a token
+        self.first_after_done: bytes | None = None  # the first one's leading bytes
+        self._content: list[str] = []
+        self.calls = ToolCalls()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(chunks={self.chunks}, token_chunks={self.token_chunks}, "
+                f"content_chars={len(self.content)}, tool_calls={len(self.calls)}, "
+                f"finish_reason={self.finish_reason!r}, usage={self.usage is not None}, "
+                f"done={self.done}, errors={self.errors}, bad_json={self.bad_json})")
+
+    def _bad(self, payload: bytes) -> int:
+        """Count one malformed event (see BAD_JSON)."""
+        self.bad_json += 1
+        if self.first_bad is None:
+            self.first_bad = payload[:BAD_SAMPLE]
+        return BAD_JSON
+
+    def _set_error(self, text: str) -> int:
+        self.errors += 1
+        if self.error is None:
+            self.error = text
+        return ERROR
+
+    def _whole_object(self, body: bytes) -> dict | None:
+        """A non-streamed body as its JSON object (None: it is not one, counted malformed)."""
+        self.chunks = 1
+        try:
+            obj = _loads(body)
+        except _JSONDecodeError:
+            self.not_completion = "not JSON"
+            self._bad(body)
+            return None
+        if type(obj) is not dict:
+            self.not_completion = f"a JSON {type(obj).__name__.replace('NoneType', 'null')}, not an object"
+            self._bad(body)
+            return None
+        return obj
+
+    # ------------------------------------------------------------------ results
+
+    @property
+    def content(self) -> str:
+        parts = self._content
+        if len(parts) > 1:
+            parts[:] = ["".join(parts)]
+        return parts[0] if parts else ""
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        """Joined tool calls in index order (`ToolCalls.as_list`)."""
+        return self.calls.as_list()
+
+    @property
+    def tool_call_count(self) -> int:
+        """len(self.tool_calls), without building them when there are none."""
+        return len(self.calls.as_list()) if self.calls else 0
+
+    def tool_call_problems(self, expected: bool = False, max_tokens: int | None = None) -> list[str] | None:
+        """Why this answer's tool calls cannot be sent back as they came (`ToolCalls.problems`)."""
+        return self.calls.problems(self.finish_reason, self.token_chunks, self.usage, expected, max_tokens)
+
+    def assistant_message(self, content: str = "null") -> dict:
+        """The assistant message a real agent appends to its history (see `assistant_turn`).
+
+        ``content`` says how a turn with no text is sent (``conversation.assistant_content``:
+        "empty", "null" or "omit"); ``tool_calls`` is omitted when there are none; ids and
+        arguments exactly as received. Reasoning is not sent back.
+        """
+        calls = self.calls.as_list() if self.calls else None
+        if calls:
+            for c in calls:
+                c["type"] = "function"
+        return assistant_turn(self.content, calls, content)
+
+
+Handler = Callable[[Any, dict], int]
+
+
+class EventReader(AnswerReader):
+    """An answer whose events each name their `type` and end with a terminal event (Messages,
+    Responses). A subclass gives `HANDLERS` (event type -> handler of the parsed event, returning
+    its flags; a wrong-shaped event raises AttributeError, TypeError, KeyError or ValueError and is
+    counted malformed) and `_usage`."""
+
+    __slots__ = ()
+    HANDLERS: dict[str, Handler] = {}
+
+    def add_many(self, payloads: Iterable[bytes]) -> int:
+        out = 0
+        for p in payloads:
+            out |= self.add(p)
+        return out
+
+    def add(self, payload: bytes) -> int:
+        self.chunks += 1
+        try:
+            obj = _loads(payload)
+        except _JSONDecodeError:
+            if payload.strip() == b"[DONE]":  # (not these APIs'; some proxies add it): nothing
+                self.dones += 1
+                self.no_choices += 1
+                return 0
+            return self._bad(payload)
+        if type(obj) is not dict or type(obj.get("type")) is not str:
+            return self._bad(payload)
+        handler = self.HANDLERS.get(obj["type"])
+        try:
+            flags = handler(self, obj) if handler is not None else 0  # (events this version does not know: 0)
+        except (AttributeError, TypeError, KeyError, ValueError):
+            return self._bad(payload)
+        if flags & TOKEN:
+            self.token_chunks += 1
+            if self.first_token_payload is None:
+                self.first_token_payload = payload
+        else:
+            self.no_choices += 1
+        return flags
+
+    def _token(self, kind: str) -> int:
+        if self.first_kind is None:
+            self.first_kind = kind
+        return TOKEN
+
+    def _error_object(self, obj: dict) -> int:
+        """An `error` event: `{"type": "error", "error": {...}}`, or the error's fields at the top."""
+        err = obj.get("error")
+        return self._set_error(error_text(err if err is not None else obj, obj))
+
+    def add_error_event(self, payload: bytes) -> int:
+        """The data of an SSE `event: error`: always an error, whatever its data."""
+        try:
+            obj = _loads(payload)
+        except _JSONDecodeError:
+            obj = None
+        self.chunks += 1
+        if type(obj) is dict:
+            return self._error_object(obj)
+        return self._set_error(short(payload.decode("utf-8", "replace").strip() or "error event"))
+
+    def _usage(self, u: Any) -> int:
+        raise NotImplementedError

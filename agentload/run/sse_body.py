@@ -1,0 +1,238 @@
+"""The read loop's per-read work on an event stream: stamps, SSE events, the answer's reader.
+
+aiohttp fires no signal while a body is read, so the read loop stamps first byte, tokens and
+completion itself. Each block of bytes is handed to `SSEBody.feed` as aiohttp's parser delivers it
+(`body_sink`: no task wake-up per read; `readany()` where that path is not available), which
+splits SSE events from the block and hands each data payload to the API's reader (`apis`). An SSE
+comment (`: ping`) is counted, never taken as progress; an `event: error` goes to the reader's
+`add_error_event`. Malformed events are counted in `Trace.bad_events` even when the request is
+otherwise ok; `first_token` is stamped only when a token arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from agentload.records import Trace
+from agentload.run.apis.reader import DONE, TOKEN, AnswerReader
+from agentload.run.chat_stream import ChatStream
+from agentload.run.sse import COMMENT, DATA, SSEDecoder
+
+_now = time.perf_counter_ns
+_SERVER_STAMP = b'"mock_sent_ns":'
+
+
+def server_stamp(payload: bytes) -> int | None:
+    """The server's send stamp (`"mock_sent_ns": <int>`) in a chunk, if it carries one.
+
+    Looked for only in the chunk that produced the first token, so ordinary chunks cost nothing.
+    """
+    i = payload.find(_SERVER_STAMP)
+    if i < 0:
+        return None
+    i += len(_SERVER_STAMP)
+    j = i
+    n = len(payload)
+    while j < n and payload[j] in b" 0123456789":
+        j += 1
+    try:
+        return int(payload[i:j])
+    except ValueError:
+        return None
+
+
+class SSEBody:
+    """The read loop's per-read work: stamps, SSE events, chunk accumulation.
+
+    `feed(data, now)` is called once per network read with everything that read carried, and its
+    arrival stamp: from the connection's parser hook (`body_sink.read_body`, the fast path), or
+    after `await content.readany()`. Every stamp is a read's: first byte, first token (the read
+    that carried the first token), the gaps between tokens (between the reads that carried them).
+
+    A read of whole one-line `data:` events only (a paced stream's one event, a burst's whole
+    answer), while nothing is held from an earlier read (`plain`), is split into its payloads in
+    one pass (a few C scans, one split) and handed to `ChatStream.add_many` in one call; anything
+    else (comments, `event:` lines, CRs, a partial event, a BOM) goes through the SSE decoder
+    event by event. The decoder is made when it is first needed (most streams never need it), and
+    its `bytes_fed`/`events` count only what it saw. `chunks` and `token_chunks` are the
+    reader's (one count, copied to the trace by `sync`).
+
+    `[DONE]` ends the answer (`ChatStream`: nothing after it is taken) and the read: `watch(content,
+    conn, grace_s)` has the body's end waited for at most `grace_s` past it (the end of the chunked
+    body, or the connection's, usually in the same read or the next); a body still open then is
+    ended here, its connection closed (never back in the pool with the rest of a body on it), and
+    `held_open` says so. `done_at` is the read that carried the [DONE].
+    """
+
+    __slots__ = ("trace", "t", "cs", "dec", "last_byte", "plain", "done_at", "held_open", "content", "conn",
+                 "grace_s", "handle")
+
+    def __init__(self, trace: Trace, stream_cls: Any = ChatStream):
+        self.trace = trace
+        self.t = trace.t
+        self.cs = stream_cls()
+        self.dec: SSEDecoder | None = None
+        self.last_byte = _now()  # (headers) for the idle read timeout
+        # nothing held from an earlier read (no partial event, no CR) and no BOM still possible
+        self.plain = False
+        self.done_at = 0  # the read that carried [DONE]
+        self.held_open = False  # the body was still open grace_s after [DONE]: ended by us
+        self.content: Any = None  # (`watch`) the body's StreamReader, its connection, the grace
+        self.conn: Any = None
+        self.grace_s = 0.0
+        self.handle: asyncio.TimerHandle | None = None
+
+    def watch(self, content: Any, conn: Any, grace_s: float) -> None:
+        """End the read at most `grace_s` after [DONE] (see the class docstring)."""
+        self.content = content
+        self.conn = conn
+        self.grace_s = grace_s
+
+    def _done(self, now: int) -> None:
+        """The read that carried [DONE] (once a stream): the answer is complete; the body's end is
+        given `grace_s` to come (none when it came in this same read)."""
+        self.done_at = now
+        tr = self.trace
+        if "first_token" in self.t:  # [DONE] is progress: the watchdog counts a stall from it
+            tr.last_token = now
+        content = self.content
+        if content is not None and not content.is_eof():
+            self.handle = asyncio.get_running_loop().call_later(self.grace_s, self._held_open)
+
+    def _held_open(self) -> None:
+        """`grace_s` after [DONE] and the body has not ended: end it here. The connection is closed
+        first (so that the EOF callbacks cannot hand it back to the pool), then the body's reader
+        is told its end (which wakes the read, `body_sink` or `readany`)."""
+        self.handle = None
+        content = self.content
+        if content is None or content.is_eof() or content.exception() is not None:
+            return
+        self.held_open = True
+        if self.conn is not None:
+            self.conn.close()
+        content.feed_eof()
+
+    def unwatch(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        self.content = self.conn = None
+
+    def last_byte_ns(self) -> int:
+        return self.last_byte
+
+    def _decoder(self) -> SSEDecoder:
+        dec = self.dec = SSEDecoder()
+        if self.plain:  # the stream's first bytes went by without it: no BOM to look for
+            dec.no_bom()
+        return dec
+
+    def feed(self, data: bytes, now: int = 0) -> None:
+        """One read (`now`: when it arrived; 0: now)."""
+        if not now:
+            now = _now()
+        self.last_byte = now
+        trace = self.trace
+        if trace.bytes_in == 0:
+            self.t.setdefault("first_byte", now)
+            if self.dec is None and data[:6] == b"data: ":  # the first read, and no BOM before it
+                self.plain = True
+        trace.bytes_in += len(data)
+        if self.plain and data[:6] == b"data: " and b"\r" not in data:
+            end = data.rfind(b"\n\n")  # the end of the read's last whole event
+            if end > 0:
+                if data.find(b"\n", 6) == end:  # one event (a paced stream's read)
+                    payloads = (data[6:end],)
+                else:
+                    payloads = data[6:end].split(b"\n\ndata: ")
+                    if data.count(b"\n", 6, end) != 2 * len(payloads) - 2:  # a line break inside an event: not one-line events
+                        payloads = ()
+                if payloads:
+                    cs = self.cs
+                    had = cs.token_chunks
+                    flags = cs.add_many(payloads)
+                    if flags & TOKEN:
+                        trace.token_reads += 1
+                        if had:  # (`_tokens`, written out: the path of nearly every read)
+                            gap = now - trace.last_token
+                            if gap > trace.max_gap:
+                                trace.max_gap = gap
+                                trace.max_gap_at = now
+                            trace.last_token = now
+                        else:
+                            self._tokens(0, now)
+                            trace.first_output = cs.first_kind
+                    if flags & DONE:
+                        self._done(now)
+                    if end + 2 < len(data):  # the start of the next event: the decoder holds it
+                        (self.dec or self._decoder()).feed(data[end + 2:])
+                        self.plain = False
+                    return
+        dec = self.dec or self._decoder()
+        for kind, payload in dec.feed(data):
+            self._event(kind, payload, now)
+        self.plain = dec.idle()
+
+    def _tokens(self, had: int, now: int) -> None:
+        """A read carried tokens (`had`: token chunks before it)."""
+        trace = self.trace
+        if had == 0:
+            self.t["first_token"] = now
+            trace.server_first_token_ns = server_stamp(self.cs.first_token_payload or b"")
+            trace.first_output = self.cs.first_kind
+        else:
+            gap = now - trace.last_token
+            if gap > trace.max_gap:
+                trace.max_gap = gap
+                trace.max_gap_at = now
+        trace.last_token = now
+
+    def _event(self, kind: int, payload: bytes, now: int) -> None:
+        """One event from the decoder."""
+        if kind == COMMENT:
+            self.trace.comments += 1
+            return
+        cs = self.cs
+        had = cs.token_chunks
+        flags = cs.add(payload) if kind == DATA else cs.add_error_event(payload)
+        if flags & TOKEN:
+            if not had or now != self.trace.last_token:  # the read's first event with a token
+                self.trace.token_reads += 1
+            self._tokens(had, now)  # (a read's second token: a gap of 0, nothing changes)
+        if flags & DONE:  # keep reading to the body's end (`_done`), so the connection can go back to the pool
+            self._done(now)
+        # ERROR: keep reading to EOF so the connection goes back to the pool cleanly
+
+    def cut(self) -> None:
+        """The body ended in a failure (cut, reset, timed out): its silence since the last token (or
+        since its first byte, or its headers) counts in its largest gap, ending at `end`."""
+        now = _now()
+        trace = self.trace
+        t = self.t
+        last = trace.last_token or t.get("first_byte") or t.get("headers")
+        if last and now - last > trace.max_gap:
+            trace.max_gap = now - last
+            trace.max_gap_at = now
+        t.setdefault("end", now)
+
+    def sync(self) -> None:
+        """Copy the stream's counts to the trace (at the end of the body, also a cut one)."""
+        cs = self.cs
+        tr = self.trace
+        tr.chunks = cs.chunks
+        tr.token_chunks = cs.token_chunks
+        tr.bad_events = cs.bad_json
+
+    def finish(self) -> AnswerReader:
+        """End of body: take the event the stream ended without a blank line for, if any."""
+        events = self.dec.flush() if self.dec is not None else None
+        if events:
+            now = _now()
+            for kind, payload in events:
+                self._event(kind, payload, now)
+        self.plain = False
+        self.sync()
+        return self.cs
+
