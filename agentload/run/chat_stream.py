@@ -229,7 +229,7 @@ class ChatStream(AnswerReader):
             for ch in choices:
                 if type(ch) is not dict or ch.get("index"):
                     continue  # only choice 0
-                delta = ch.get("delta")
+                delta: Any = ch.get("delta")
                 c = tc = None
                 if delta:
                     c = delta.get("content")

@@ -144,7 +144,7 @@ class SSEBody:
             end = data.rfind(b"\n\n")  # the end of the read's last whole event
             if end > 0:
                 if data.find(b"\n", 6) == end:  # one event (a paced stream's read)
-                    payloads = (data[6:end],)
+                    payloads: tuple[bytes, ...] | list[bytes] = (data[6:end],)
                 else:
                     payloads = data[6:end].split(b"\n\ndata: ")
                     if data.count(b"\n", 6, end) != 2 * len(payloads) - 2:  # a line break inside an event: not one-line events

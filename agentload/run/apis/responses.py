@@ -101,7 +101,7 @@ class ResponsesStream(EventReader):
     def __init__(self) -> None:
         super().__init__()
         self.status: str | None = None  # the response's final status (completed, failed, incomplete)
-        self._by_item: dict[str, int] = {}  # item id -> output_index
+        self._by_item: dict[Any, int] = {}  # item id -> output_index
 
     # ---- streaming: one handler per event type (`HANDLERS`)
 
