@@ -162,7 +162,7 @@ async def attempt(ctx: "RunContext", session, trace: Trace, body: "bytes | Conve
     result: Result | None = None
     bug: BaseException | None = None
     caught: BaseException | None = None
-    task = _current_task()
+    task: asyncio.Task = _current_task()  # type: ignore[assignment]  # (a request is always sent from a task)
     cancelling = task.cancelling()
     try:
         trace.timeout_cm = _GiveUp(task)
@@ -260,79 +260,24 @@ async def _conversation(ctx: "RunContext", st: AgentState, conv: Conversation, s
     """One conversation of `sc.agents.rounds` rounds; "done" when it ran its course, else the state the
     agent ends in (stalled, error, cut_short; also set on `st`)."""
     sc = ctx.scenario
-    conv_cfg = sc.conversation
-    agent = st.agent
     for rnd in range(1, sc.agents.rounds + 1):
         if ctx.stopping:
             st.state = "cut_short"
             break
         st.round = rnd
-        call = 0
-        errors = 0
-        limited = 0  # HTTP 429s in this round
-        while True:
-            body = ConversationBody(conv)  # the bytes stay with the conversation: parked there while queued
-            rid = f"{ctx.run_id}-a{agent}-k{k}-r{rnd}-c{call}" if k else f"{ctx.run_id}-a{agent}-r{rnd}-c{call}"
-            trace = Trace("agent", agent, rnd, call, rid, conv.n_messages, body.size, conv.tokens,
-                          intended, conversation=k)
-            trace.group = conv.group
-            intended = None
-            st.state, st.since, st.trace = "request", _now(), trace
-            rec, res = await attempt(ctx, session, trace, body)
-            st.trace = None
-            if rec.outcome == "ok":
-                break
-            if ctx.stopping:
-                st.state = "cut_short"
-                return st.state
-            if rec.outcome == "stalled":
-                policy = sc.stall.on_give_up
-                if policy == "retry" and call < sc.stall.max_retries:
-                    call += 1
-                    continue
-                if policy == "next_round":
-                    res = None
-                    break
-                st.state = "stalled"
-                return st.state
-            if rec.status == 429:  # rate limited: its own budget, the wait its Retry-After asks for
-                limited += 1
-                n, budget = limited, sc.agents.rate_limit_retries
-            else:
-                errors += 1
-                n, budget = errors, sc.agents.error_retries
-            if n > budget or overflow(rec.status, rec.error_msg) is not None:
-                # (a prompt over the server's context never fits: the same request again cannot succeed)
-                st.state = "error"
-                return st.state
-            call += 1
-            asked = res.retry_after_s if res is not None else None
-            await ctx.sleep(min(asked if asked is not None else 0.2 * n, sc.agents.retry_after_max_s))
-            if ctx.stopping:
-                st.state = "cut_short"
-                return st.state
+        got = await _answered(ctx, st, conv, session, k, rnd, intended)
+        intended = None
+        if isinstance(got, str):
+            return got
+        rec, res = got
         st.rounds_completed += 1 if (res is not None) else 0
-        # The assistant turn: what the model said (model mode) or what the script decides.
-        if conv_cfg.mode == "model" and res is not None and res.stream is not None:
-            if not tool_calls_sendable(rec.tool_call_problems):
-                # tool calls that cannot be sent back as they came (no id, arguments cut mid-JSON,
-                # two calls on one index): a real harness cannot run them either, and agentload never
-                # invents or repairs one. The conversation ends here; the record says why.
-                return "done"
-            assistant = res.stream.assistant_message(conv_cfg.assistant_content)
-            if not assistant.get("tool_calls"):
-                conv.append(assistant)
-                return "done"
-            conv.append(assistant)
-            if conv_cfg.responses_chain:  # the server keeps the context: the next request sends what is new
-                conv.chain(res.stream.id if type(res.stream.id) is str and res.stream.id else None)
-        else:
-            assistant = conv.scripted_assistant(rnd)
-            conv.append(assistant)
+        assistant = _assistant_turn(sc.conversation, conv, rnd, rec, res)
+        if assistant is None:
+            return "done"
         if rnd == sc.agents.rounds or rnd == conv.last_round:
             break
         # nothing of this request is needed in the tool time: let it go (10,000 sleeping agents)
-        res = rec = trace = body = None
+        del got, rec, res
         st.state, st.since = "tool", _now()
         delay = conv.tool_latency_s()
         if delay > 0:
@@ -343,3 +288,75 @@ async def _conversation(ctx: "RunContext", st: AgentState, conv: Conversation, s
         if not assistant.get("tool_calls"):
             conv.next_user_turn()
     return "cut_short" if st.state == "cut_short" else "done"
+
+
+async def _answered(ctx: "RunContext", st: AgentState, conv: Conversation, session, k: int, rnd: int,
+                    intended: int | None) -> "tuple[Record, Result | None] | str":
+    """Round `rnd`'s request, sent again as the retry rules allow until it is answered: its record and
+    result (None: a stall given up with `on_give_up = "next_round"`), else the state the agent ends in."""
+    sc = ctx.scenario
+    agent = st.agent
+    call = errors = 0
+    limited = 0  # HTTP 429s in this round
+    while True:
+        body = ConversationBody(conv)  # the bytes stay with the conversation: parked there while queued
+        rid = f"{ctx.run_id}-a{agent}-k{k}-r{rnd}-c{call}" if k else f"{ctx.run_id}-a{agent}-r{rnd}-c{call}"
+        trace = Trace("agent", agent, rnd, call, rid, conv.n_messages, body.size, conv.tokens,
+                      intended, conversation=k)
+        trace.group = conv.group
+        intended = None
+        st.state, st.since, st.trace = "request", _now(), trace
+        rec, res = await attempt(ctx, session, trace, body)
+        st.trace = None
+        if rec.outcome == "ok":
+            return rec, res
+        if ctx.stopping:
+            st.state = "cut_short"
+            return st.state
+        if rec.outcome == "stalled":
+            policy = sc.stall.on_give_up
+            if policy == "retry" and call < sc.stall.max_retries:
+                call += 1
+                continue
+            if policy == "next_round":
+                return rec, None
+            st.state = "stalled"
+            return st.state
+        if rec.status == 429:  # rate limited: its own budget, the wait its Retry-After asks for
+            limited += 1
+            n, budget = limited, sc.agents.rate_limit_retries
+        else:
+            errors += 1
+            n, budget = errors, sc.agents.error_retries
+        if n > budget or overflow(rec.status, rec.error_msg) is not None:
+            # (a prompt over the server's context never fits: the same request again cannot succeed)
+            st.state = "error"
+            return st.state
+        call += 1
+        asked = res.retry_after_s if res is not None else None
+        await ctx.sleep(min(asked if asked is not None else 0.2 * n, sc.agents.retry_after_max_s))
+        if ctx.stopping:
+            st.state = "cut_short"
+            return st.state
+
+
+def _assistant_turn(conv_cfg: Any, conv: Conversation, rnd: int, rec: Record, res: "Result | None") -> dict | None:
+    """The assistant turn appended after round `rnd`: what the model said (model mode) or what the
+    script decides. None: the conversation ends there (model mode: no tool call to go on with, or
+    tool calls that cannot be sent back)."""
+    if conv_cfg.mode == "model" and res is not None and res.stream is not None:
+        if not tool_calls_sendable(rec.tool_call_problems):
+            # tool calls that cannot be sent back as they came (no id, arguments cut mid-JSON,
+            # two calls on one index): a real harness cannot run them either, and agentload never
+            # invents or repairs one. The conversation ends here; the record says why.
+            return None
+        assistant = res.stream.assistant_message(conv_cfg.assistant_content)
+        conv.append(assistant)
+        if not assistant.get("tool_calls"):
+            return None
+        if conv_cfg.responses_chain:  # the server keeps the context: the next request sends what is new
+            conv.chain(res.stream.id if type(res.stream.id) is str and res.stream.id else None)
+        return assistant
+    assistant = conv.scripted_assistant(rnd)
+    conv.append(assistant)
+    return assistant

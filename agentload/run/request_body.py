@@ -44,10 +44,14 @@ class ConversationBody(aiohttp.payload.Payload):
 
     def __init__(self, conv: "Conversation"):  # (Payload.__init__ not called: see above)
         self._value = conv
-        self._size = len(conv.body())
+        self._size = self._nbytes = len(conv.body())
         self._encoding = None
         self._filename = None
         self._headers = _JSON_HEADERS
+
+    @property
+    def size(self) -> int:
+        return self._nbytes
 
     def raw(self) -> bytes:
         return self._value.body()
