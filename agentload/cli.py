@@ -4,7 +4,9 @@ Exit status of `run`: 0 healthy, 1 a problem was found (`--fail-on never` turns 
 2 a usage error (bad scenario, bad flag, missing file, a run folder that is not new or empty, an
 unset secret variable) with one line naming what is wrong, 130 interrupted with a healthy verdict.
 `report` and `compare`: 0 when they wrote their output, whatever the verdicts; 2 a usage error;
-`compare` 130 when interrupted.
+`compare` 130 when interrupted; `report --otlp-endpoint` 1 when the spans were not sent (the reports
+were written). `run --otlp-endpoint` (or `[export] otlp_endpoint`): an export that failed or could not
+start (the `otlp` extra not installed) is one line on stderr and leaves the exit status the verdict's.
 
 Everything printed goes through `agentload.redact`: a secret the environment holds is printed as `***`.
 """
@@ -68,6 +70,7 @@ def run(
     ray: Annotated[Optional[str], typer.Option("--ray", help="Run the agents in Ray actors (shards) on this cluster: host:port, 'auto', or 'local' (a throwaway one on this machine); needs --endpoint")] = None,
     shards: Annotated[Optional[int], typer.Option("--shards", help="With --ray: how many shards (actors), each its own event loop and pool (default: \\[cluster] shards, 2)")] = None,
     shard: Annotated[Optional[str], typer.Option("--shard", help="Run only shard I of N (agents i with i % N == I), e.g. 0/4; join the folders with `agentload merge`")] = None,
+    otlp_endpoint: Annotated[Optional[str], typer.Option("--otlp-endpoint", help="Send each request as an OpenTelemetry span to this OTLP/HTTP collector once the run is written, e.g. http://127.0.0.1:4318 (the otlp extra: pip install 'agentload[otlp]')")] = None,
 ) -> None:
     """Run a scenario and print its report (verdict first)."""
     from agentload.launch import run_to_dir
@@ -93,6 +96,8 @@ def run(
         overrides.append(f"target.endpoint={_toml_str(endpoint)}")
     if model:
         overrides.append(f"target.model={_toml_str(model)}")
+    if otlp_endpoint:
+        overrides.append(f"export.otlp_endpoint={_toml_str(otlp_endpoint)}")
     try:
         sc = load_scenario(scenario, overrides)
     except UserError as e:
@@ -262,16 +267,45 @@ def merge(
 
 
 @app.command()
-def report(run_dir: Annotated[Path, typer.Argument(help="A run folder written by `agentload run`")]) -> None:
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder written by `agentload run`")],
+    otlp_endpoint: Annotated[Optional[str], typer.Option("--otlp-endpoint", help="Also send the run's requests as OpenTelemetry spans to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (the otlp extra)")] = None,
+) -> None:
     """Rebuild every report of a run from its records (also of a run that was killed)."""
     from agentload.report.build import write_reports
 
+    if otlp_endpoint:
+        from agentload.run.scenario import otlp_endpoint_arg
+
+        try:
+            otlp_endpoint_arg(otlp_endpoint)
+        except UserError as e:
+            _fail(str(e))
     try:
         summary, text = write_reports(run_dir)
     except UserError as e:
         _fail(str(e))
     _echo(text)
     _echo(f"html: {run_dir / 'report.html'}", err=True)
+    if otlp_endpoint:
+        _export_otlp(run_dir, otlp_endpoint)
+
+
+def _export_otlp(run_dir: Path, endpoint: str) -> None:
+    """`report --otlp-endpoint`: the spans of a run folder; exit 1 when they were not sent (the reports are)."""
+    import orjson
+
+    from agentload.report.otlp import export_run
+    from agentload.run.scenario import ExportConfig
+
+    try:  # the run's own [export] timeout, where it had one
+        timeout_s = float(orjson.loads((run_dir / "run.json").read_bytes())["scenario"]["export"]["otlp_timeout_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        timeout_s = ExportConfig().otlp_timeout_s
+    res = export_run(run_dir, endpoint, timeout_s)
+    _echo(f"agentload: {res.line}", err=True)
+    if not res.ok:
+        raise typer.Exit(1)
 
 
 @app.command()

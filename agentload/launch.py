@@ -76,6 +76,7 @@ def run_to_dir(sc: Scenario, run_dir: Path, *, live: bool = True, install_signal
         if mock is not None:
             mock.stop()
     summary, text = write_reports(run_dir)
+    export_after_run(sc, run_dir, log)
     return Launched(outcome, summary, text)
 
 
@@ -107,6 +108,15 @@ def choose_executor(sc: Scenario, workers: int, ray: str | None, shards: int | N
     if shard is not None:
         return OneShard(shard[0], shard[1], in_process)
     return in_process
+
+
+def export_after_run(sc: Scenario, run_dir: Path, log) -> None:
+    """`[export] otlp_endpoint`: the run's requests as spans, once its reports are written. Whatever
+    happens (no extra, no collector) is one line and leaves the run, its reports and exit status as they are."""
+    if sc.export.otlp_endpoint:
+        from agentload.report.otlp import export_run
+
+        log(f"agentload: {export_run(run_dir, sc.export.otlp_endpoint, sc.export.otlp_timeout_s).line}")
 
 
 def start_fleet(sc: Scenario, run_dir: Path, log) -> tuple[Any, Any, Scenario]:
@@ -242,4 +252,5 @@ def proxy_to_dir(sc: Scenario, run_dir: Path, upstream: str, *, host: str = "127
     finally:
         sock.close()
     summary, text = write_reports(run_dir)
+    export_after_run(sc, run_dir, log)
     return Launched(outcome, summary, text)

@@ -482,6 +482,22 @@ class ReplayConfig:
 
 
 @dataclass(frozen=True)
+class ExportConfig:
+    """Where the run's requests go as spans once it is written (agentload.report.otlp; the `otlp` extra)."""
+
+    # an OTLP/HTTP collector (e.g. http://127.0.0.1:4318; /v1/traces is appended unless the URL ends
+    # with it): each request is sent as a span with its phases, once the run's reports are written;
+    # left out: nothing is sent (`--otlp-endpoint URL` on the command line sets it)
+    otlp_endpoint: Optional[str] = setting(None, Opt(_Url()))
+    otlp_timeout_s: float = setting(10.0, _TIMEOUT)  # each POST of a batch of spans, whole
+
+
+def otlp_endpoint_arg(url: str, source: str = "--otlp-endpoint") -> str:
+    """A collector URL given on the command line, checked as [export] otlp_endpoint is."""
+    return _Url()(url, At(source, "export.otlp_endpoint"))
+
+
+@dataclass(frozen=True)
 class Scenario:
     source: str = setting(internal=True)
     target: TargetConfig = TargetConfig()
@@ -496,6 +512,7 @@ class Scenario:
     schedule: tuple = setting((), SCHEDULE)  # [[schedule]]: faults applied to fleet backends during the run
     cluster: ClusterConfig = ClusterConfig()  # [cluster] engine = "ray": shards on a Ray cluster
     replay: ReplayConfig = ReplayConfig()  # [replay]: captured conversations instead of synthetic ones
+    export: ExportConfig = ExportConfig()  # [export]: the run's requests as OTLP spans
     description: str = ""
 
     def _validate(self, at: At) -> None:
@@ -543,7 +560,7 @@ class Scenario:
 
 
 SECTIONS = ("target", "agents", "conversation", "client", "stall", "canary", "mock", "fleet", "router", "cluster",
-            "replay")
+            "replay", "export")
 
 
 def _section_to_dict(sec: Any) -> dict[str, Any]:
