@@ -70,7 +70,7 @@ def run(
     ray: Annotated[Optional[str], typer.Option("--ray", help="Run the agents in Ray actors (shards) on this cluster: host:port, 'auto', or 'local' (a throwaway one on this machine); needs --endpoint")] = None,
     shards: Annotated[Optional[int], typer.Option("--shards", help="With --ray: how many shards (actors), each its own event loop and pool (default: \\[cluster] shards, 2)")] = None,
     shard: Annotated[Optional[str], typer.Option("--shard", help="Run only shard I of N (agents i with i % N == I), e.g. 0/4; join the folders with `agentload merge`")] = None,
-    otlp_endpoint: Annotated[Optional[str], typer.Option("--otlp-endpoint", help="Send each request as an OpenTelemetry span to this OTLP/HTTP collector once the run is written, e.g. http://127.0.0.1:4318 (the otlp extra: pip install 'agentload[otlp]')")] = None,
+    otlp_endpoint: Annotated[Optional[str], typer.Option("--otlp-endpoint", help="Send each request as an OpenTelemetry span to this OTLP/HTTP collector once the run is written, e.g. http://127.0.0.1:4318 (the otlp extra: pip install 'agentload\\[otlp]')")] = None,
 ) -> None:
     """Run a scenario and print its report (verdict first)."""
     from agentload.launch import run_to_dir
