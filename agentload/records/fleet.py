@@ -76,6 +76,12 @@ def log_lines(run_dir: Path, b: Backend) -> Iterator[dict[str, Any]]:
             yield d
 
 
+def arrival(line: dict[str, Any]) -> int:
+    """When a backend log line's request arrived (perf_counter_ns, the records' clock); 0 without a stamp."""
+    recv = line.get("recv_ns")
+    return recv if isinstance(recv, int) else 0
+
+
 # ---------------------------------------------------------------- scheduled faults
 
 
@@ -158,5 +164,5 @@ def _as_planned(f: Fault, t0: int, end: int | None) -> None:
             f.end_ns = e if end is None or e < end else None
 
 
-__all__ = ["MIN_NAMED_BACKENDS", "ROLE_WORDS", "SCHEDULE_FILE", "Backend", "Fault", "backends_of", "faults_of",
-           "fleet_of", "is_pd", "log_lines", "main_role"]
+__all__ = ["MIN_NAMED_BACKENDS", "ROLE_WORDS", "SCHEDULE_FILE", "Backend", "Fault", "arrival", "backends_of",
+           "faults_of", "fleet_of", "is_pd", "log_lines", "main_role"]

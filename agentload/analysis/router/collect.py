@@ -12,7 +12,7 @@ from agentload.analysis.router.log_index import id_hash
 from agentload.analysis.router.state import IMBALANCE_WINDOW_S, MAX_BACKENDS, OTHER, UNATTRIBUTED, AgentSticky, PassState
 from agentload.analysis.router.tallies import BackendTally, RoundTally, rate, ttft_ns
 from agentload.analysis.stats import SparseHistogram
-from agentload.records import Record
+from agentload.records.record import Record
 
 
 class RouterPass(PassState):

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from agentload.analysis.router.inflight import router_inflight
 from agentload.analysis.router.tallies import secs
-from agentload.records import Record
+from agentload.records.record import Record
 from agentload.records.fleet import (MIN_NAMED_BACKENDS, Backend, Fault, backends_of, faults_of, fleet_of, is_pd,
-                                     log_lines, main_role)
+                                     arrival, log_lines, main_role)
 
 if TYPE_CHECKING:
     from agentload.records.rundir import RunData
@@ -69,7 +69,7 @@ class RouterFacts:
             for b in self.backends:
                 for line in log_lines(self.data.path, b):
                     if line["id"] in want:
-                        recv = line.get("recv_ns") if isinstance(line.get("recv_ns"), int) else 0
+                        recv = arrival(line)
                         k = (line["id"], b.role)
                         if k not in found or recv >= found[k][0]:
                             found[k] = (recv, b.name)

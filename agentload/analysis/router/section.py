@@ -12,7 +12,7 @@ from agentload.analysis.router.tallies import (BackendTally, FaultTally, RoundTa
                                                ttft_summary)
 from agentload.analysis.router.state import IMBALANCE_WINDOW_S, UNATTRIBUTED, PassState
 from agentload.analysis.stats import SparseHistogram
-from agentload.records.fleet import log_lines
+from agentload.records.fleet import arrival, log_lines
 
 
 # a window counts toward the imbalance when it has at least this many requests per backend (one
@@ -119,7 +119,7 @@ def retried_examples(p: PassState, hashes: list[int]) -> list[dict[str, Any]]:
         for line in log_lines(p.data.path, b):
             h = id_hash(line["id"])
             if h in want:
-                recv = line.get("recv_ns") if isinstance(line.get("recv_ns"), int) else 0
+                recv = arrival(line)
                 seen.setdefault(h, []).append((recv, b.name, line["id"]))
     out = []
     for h in hashes:

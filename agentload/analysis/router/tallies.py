@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentload.analysis.stats import SparseHistogram, percentiles_ms
-from agentload.records import Record
+from agentload.records.record import Record
 from agentload.records.fleet import Fault
 
 
