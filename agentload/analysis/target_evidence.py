@@ -67,7 +67,7 @@ def _per_worker(tm: TargetMetrics, url: str, name: str, t: int, keep: Callable[[
     out: Counter = Counter()
     for s in tm.family(url, name):
         if (keep is None or keep(s.labels)) and s.labels.get(label, "?"):
-            out[s.labels.get(label, "?")] += s.at(t) or 0.0
+            out[s.labels.get(label, "?")] += s.at(t) or 0.0  # type: ignore[assignment]  # floats: see pyproject
     return out
 
 
@@ -310,7 +310,8 @@ def target_evidence(data: "RunData", stalled: list[Record], tm: TargetMetrics | 
             continue
         if not windows:
             continue
-        best_t, best = None, []
+        best_t: int | None = None
+        best: list[tuple[int, int, str]] = []
         for t in times:
             waiting = [w for w in windows if w[0] <= t <= w[1]]
             if len(waiting) > len(best):
@@ -328,10 +329,10 @@ def target_evidence(data: "RunData", stalled: list[Record], tm: TargetMetrics | 
         for fam in ROUTERS:
             out.extend(_router_at(fam, tm, url, best_t, k, what, when, times))
         for name, (who, label) in GAUGES.items():
-            fam = tm.family(url, name)
-            if not fam:
+            series = tm.family(url, name)
+            if not series:
                 continue
-            total2 = sum(s.at(best_t) or 0 for s in fam)
+            total2 = sum(s.at(best_t) or 0 for s in series)
             out.append(f"{who} {url} at {when}, while {k} agent request(s) {what}: {name} = {_fmt(total2)} "
                        f"{label}")
     out.extend(router_evidence(data, stalled, "stall", tm))
@@ -393,7 +394,7 @@ def engine_work(data: "RunData", stalled: list[Record], tm: TargetMetrics | None
 def engine_queue_evidence(tm: TargetMetrics) -> list[str]:
     """What an engine's own gauges said over the run about its queue: the most requests it worked on
     at one scrape, and the most it kept waiting (llama.cpp: busy slots and deferred requests)."""
-    out = []
+    out: list[str] = []
     if not tm:
         return out
     for url in tm.urls:

@@ -105,8 +105,9 @@ def _from_proxy(path: Path) -> list[ConversationPlan]:
             arrive = (nxt.get("t") or {}).get("down_start") if nxt is not None else None
             if end is not None and arrive is not None:
                 think = max(0.0, (arrive - end) / 1e9)
+            rid = d.get("request_id")
             out.append(RoundPlan(int(d.get("prompt_tokens") or 0), int(d.get("tool_calls") or 0), think,
-                                 bodies.get(d.get("request_id"))))
+                                 bodies.get(rid) if isinstance(rid, str) else None))
         plans.append(ConversationPlan(f"conversation {a}", tuple(out)))
     return plans
 

@@ -327,9 +327,9 @@ def check_trace_hooks() -> None:
     missing = []
     for (cls, name), params in _TRACE_HOOKS.items():
         fn = getattr(cls, name, None)
-        ok = inspect.iscoroutinefunction(fn)
-        if ok:  # the parameters passed on by name come first, in this order
-            ok = tuple(inspect.signature(fn).parameters)[1:1 + len(params)] == params
+        # a coroutine function whose parameters passed on by name come first, in this order
+        ok = (fn is not None and inspect.iscoroutinefunction(fn)
+              and tuple(inspect.signature(fn).parameters)[1:1 + len(params)] == params)
         if not ok:
             missing.append(f"{cls.__name__}.{name}({', '.join(params)})")
     from aiohttp.client_proto import ResponseHandler
@@ -382,7 +382,7 @@ def request_headers(target: TargetConfig) -> dict[str, str]:
     if missing:
         raise UserError(f"target: environment variable {missing[0]} is not set (named by "
                         f"{secret_field(target, missing[0])}); expected the secret in it")
-    two_lines = [n for n, v in env.items() if "\r" in v or "\n" in v]  # (a header that would start others)
+    two_lines = [n for n, v in env.items() if v and ("\r" in v or "\n" in v)]  # (a header that would start others)
     if two_lines:
         raise UserError(f"target: environment variable {two_lines[0]} (named by {secret_field(target, two_lines[0])}) "
                         f"holds a line break; expected a header value on one line")
