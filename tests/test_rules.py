@@ -873,12 +873,12 @@ def test_pool_queueing_outside_a_hang_below_the_rules_threshold_is_no_finding():
 
 
 def test_a_pool_judgement_that_fails_leaves_the_stall_standing(monkeypatch):
-    import agentload.analysis.verdict as verdict
+    import agentload.analysis.verdict.facts as facts
 
     def broken(*a, **kw):
         raise RuntimeError("second pass failed")
 
-    monkeypatch.setattr(verdict, "PoolApart", broken)
+    monkeypatch.setattr(facts, "PoolApart", broken)  # Facts.pool_apart's second pass
     run = pool_soak(rounds=range(1, 6))
     run.stalled(0, 6, "ttfb", at_ms=6000, held_ms=15_000)
     v = diagnose(run.data())

@@ -1,7 +1,7 @@
 """What sits between agentload and the server, read from the records: a proxy's fixed timeout, a
 concurrency limit in front, a proxy that buffers the stream, and which layer answered an error.
 
-Pure functions over records (the verdict's rules in `verdict.py` read them):
+Pure functions over records (the verdict's rules in `verdict/rules/` read them):
 
 - `fixed_timeout(errors)`: failures (a 502/503/504/408, or a stream cut after a silence) that
   ended at one common duration after they were sent (or after their last token): a timeout of
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 # a proxy's answer when its own timeout fired (or its upstream failed), besides a cut stream
 TIMEOUT_STATUSES = {"http_502", "http_503", "http_504", "http_408"}
-# the other side closed the connection (agentload.analysis.verdict's DISCONNECT_ERRORS)
+# the other side closed the connection (agentload.analysis.verdict.error_classes.DISCONNECT_ERRORS)
 CUT_ERRORS = {"ServerDisconnectedError", "ClientOSError", "ClientPayloadError", "ClientConnectionResetError",
               "incomplete_stream", "ConnectionResetError"}
 FIXED_TIMEOUT_MIN_S = 0.5  # shorter than this, a common duration is an answer, not a timeout
