@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
@@ -433,28 +433,25 @@ def _show(v: Any) -> str:
     return str(v)
 
 
-def compare_dirs(paths: list[Path], *, force: bool = False, names: list[str] | None = None,
-                 base: Path | None = None) -> dict[str, Any]:
-    """The comparison of run folders (compare.json's content): a pure function of the folders."""
-    paths = [Path(p) for p in paths]
-    if len(paths) < 2:
-        raise UserError("compare: needs two or more runs")
-    datas = [load_run(p) for p in paths]
-    fps = [fingerprint_of(d.meta) for d in datas]
-    mismatch = len(set(fps)) > 1
-    if mismatch and not force:
-        groups: dict[str | None, list[str]] = {}
-        for p, fp in zip(paths, fps):
-            groups.setdefault(fp, []).append(str(p))
-        first = next(i for i, fp in enumerate(fps) if fp != fps[0])
-        diff = _differing([workload_of(datas[0].meta), workload_of(datas[first].meta)])
-        shown = ", ".join(diff[:4]) + (" ..." if len(diff) > 4 else "")
-        raise UserError("runs have different workloads (fingerprint " +
-                        "; ".join(f"{fp}: {', '.join(ps)}" for fp, ps in groups.items()) +
-                        (f"; they differ in {shown}" if shown else "") +
-                        "), so their numbers are not comparable; pass --force to compare anyway")
-    settings = [settings_of(d.meta) for d in datas]
-    varied = _differing(settings)
+def _refuse_mixed_workloads(paths: list[Path], datas: list[RunData], fps: list[str | None]) -> NoReturn:
+    """Runs of different workloads (fingerprints) are not comparable: a UserError naming which
+    runs have which fingerprint and the first settings that differ."""
+    groups: dict[str | None, list[str]] = {}
+    for p, fp in zip(paths, fps):
+        groups.setdefault(fp, []).append(str(p))
+    first = next(i for i, fp in enumerate(fps) if fp != fps[0])
+    diff = _differing([workload_of(datas[0].meta), workload_of(datas[first].meta)])
+    shown = ", ".join(diff[:4]) + (" ..." if len(diff) > 4 else "")
+    raise UserError("runs have different workloads (fingerprint " +
+                    "; ".join(f"{fp}: {', '.join(ps)}" for fp, ps in groups.items()) +
+                    (f"; they differ in {shown}" if shown else "") +
+                    "), so their numbers are not comparable; pass --force to compare anyway")
+
+
+def _variant_names(paths: list[Path], settings: list[dict[str, Any]], varied: list[str],
+                   names: list[str] | None) -> list[str]:
+    """Each run's name: the given one, else the settings it varies (else its folder's name); a
+    name that repeats gets #2, #3, ..."""
     if names is None:
         names = []
         for p, s in zip(paths, settings):
@@ -465,31 +462,51 @@ def compare_dirs(paths: list[Path], *, force: bool = False, names: list[str] | N
     for n in names:
         seen[n] += 1
         uniq.append(n if seen[n] == 1 else f"{n}#{seen[n]}")
-    names = uniq
-    common = {k: v for k, v in settings[0].items() if k not in varied}
+    return uniq
 
-    variants = []
-    for p, data, name, s, fp in zip(paths, datas, names, settings, fps):
-        metrics, summary, quantiles = measure_run(data)
-        v = summary["verdict"]
-        rp = p.resolve()
-        rel = str(rp.relative_to(base.resolve())) if base is not None and rp.is_relative_to(base.resolve()) else str(rp)
-        variants.append({
-            "name": name, "dir": rel, "run": data.meta.get("run"), "fingerprint": fp,
-            "varied": {k: s.get(k) for k in varied},
-            "client": (data.meta.get("scenario") or {}).get("client", {}),
-            "stall": (data.meta.get("scenario") or {}).get("stall", {}),
-            "metrics": metrics,
-            "verdict": {**{k: v.get(k) for k in ("kind", "phase", "first_round", "agents_affected", "summary",
-                                                 "evidence")},
-                        # the other findings (ALSO): a variant whose pool was too small beside a hang says both
-                        "secondary": [{"kind": x.get("kind"), "summary": x.get("summary")}
-                                      for x in v.get("secondary") or []]},
-            "cut_short": summary["run"].get("cut_short"),
-            "warnings": summary.get("warnings", []),
-            "quantiles_ms": quantiles,
-            **({"router": router_view(summary)} if summary.get("router") else {}),
-        })
+
+def _variant(p: Path, data: RunData, name: str, s: dict[str, Any], fp: str | None, varied: list[str],
+             base: Path | None) -> dict[str, Any]:
+    """One run of the comparison: its settings, metrics, verdict (with the other findings), quantiles."""
+    metrics, summary, quantiles = measure_run(data)
+    v = summary["verdict"]
+    rp = p.resolve()
+    rel = str(rp.relative_to(base.resolve())) if base is not None and rp.is_relative_to(base.resolve()) else str(rp)
+    return {
+        "name": name, "dir": rel, "run": data.meta.get("run"), "fingerprint": fp,
+        "varied": {k: s.get(k) for k in varied},
+        "client": (data.meta.get("scenario") or {}).get("client", {}),
+        "stall": (data.meta.get("scenario") or {}).get("stall", {}),
+        "metrics": metrics,
+        "verdict": {**{k: v.get(k) for k in ("kind", "phase", "first_round", "agents_affected", "summary",
+                                             "evidence")},
+                    # the other findings (ALSO): a variant whose pool was too small beside a hang says both
+                    "secondary": [{"kind": x.get("kind"), "summary": x.get("summary")}
+                                  for x in v.get("secondary") or []]},
+        "cut_short": summary["run"].get("cut_short"),
+        "warnings": summary.get("warnings", []),
+        "quantiles_ms": quantiles,
+        **({"router": router_view(summary)} if summary.get("router") else {}),
+    }
+
+
+def compare_dirs(paths: list[Path], *, force: bool = False, names: list[str] | None = None,
+                 base: Path | None = None) -> dict[str, Any]:
+    """The comparison of run folders (compare.json's content): a pure function of the folders."""
+    paths = [Path(p) for p in paths]
+    if len(paths) < 2:
+        raise UserError("compare: needs two or more runs")
+    datas = [load_run(p) for p in paths]
+    fps = [fingerprint_of(d.meta) for d in datas]
+    mismatch = len(set(fps)) > 1
+    if mismatch and not force:
+        _refuse_mixed_workloads(paths, datas, fps)
+    settings = [settings_of(d.meta) for d in datas]
+    varied = _differing(settings)
+    names = _variant_names(paths, settings, varied, names)
+    common = {k: v for k, v in settings[0].items() if k not in varied}
+    variants = [_variant(p, data, name, s, fp, varied, base)
+                for p, data, name, s, fp in zip(paths, datas, names, settings, fps)]
     rows = []
     routed = router_rows(variants)
     extra = routed + group_rows(variants)
