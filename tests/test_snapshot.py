@@ -50,11 +50,11 @@ def test_scan_sees_the_phase_and_the_progress_the_trace_itself_reports():
     """The pass reads phase and last progress in one look at the stamps (the phase table looked up,
     not evaluated per request): for every combination of stamps, reused or not, it agrees with
     Trace.phase() and Trace.progress_ns()."""
-    now = time.perf_counter_ns()
     cases = 0
     for n in range(len(STAMPS) + 1):
         for keys in itertools.combinations(STAMPS, n):
             for reused in (None, False, True):
+                now = time.perf_counter_ns()  # per case: the whole loop may take seconds on a loaded machine
                 tr = Trace("agent", 0, 2, 0, "r-a0-r2-c0", 3, 100, 10)
                 # each stamp a different second in the past, later stamps more recent
                 tr.t.update({k: now - (30 - i) * 1_000_000_000 for i, k in enumerate(STAMPS) if k in keys})
