@@ -12,7 +12,8 @@ from agentload.analysis.stats import pct_ms, percentiles_ms
 from agentload.analysis.verdict.facts import Facts
 from agentload.analysis.verdict.kinds import Finding, Kind
 from agentload.analysis.verdict.naming import (fmt_counts, fmt_round_counts, share)
-from agentload.analysis.verdict.pool import POOL_BEYOND_HELD, POOL_WAIT_MIN_MS, POOL_WAIT_SHARE, POOL_WAITED_SHARE
+from agentload.analysis.verdict.pool import (POOL_BEYOND_HELD, POOL_WAIT_MIN_MS, POOL_WAIT_SHARE, POOL_WAITED_SHARE,
+                                             PoolJudgement)
 from agentload.analysis.verdict.samples import (SATURATED_MIN_SAMPLES, SATURATED_SHARE, SATURATION_LAG_MS,
                                                 SATURATION_SOME_LAG_MS, TIMING_SATURATED_MS)
 
@@ -124,36 +125,48 @@ def rule_client_pool(f: Facts) -> Finding | None:
     pj = f.pool
     if pj is None:
         return None
-    pw50, pw90, e50, e90, waited, n = pj.pw50, pj.pw90, pj.e50, pj.e90, pj.waited, pj.n
+    waited = pj.waited
     who = pj.stalls or pj.timeouts  # else every request that waited
     first_round = min(r.round for r in who) if who else waited.first_round
     who_agents = len({r.agent for r in who}) if who else len(waited.agents)
     mine = {id(r) for r in pj.stalls} | {id(r) for r in pj.timeouts}
     stopped = f.stopped_by(lambda r: id(r) in mine)
+    fnd = Finding(Kind.CLIENT_POOL, _pool_headline(f, pj), "pool_wait", first_round, who_agents, len(stopped))
+    fnd.evidence.append(f"rule: pool_wait at least {POOL_WAIT_SHARE:.0%} of e2e at p50 or p90, p90 at least "
+                        f"{POOL_WAIT_MIN_MS:g} ms, and at least {POOL_WAITED_SHARE:.0%} of requests waited; here"
+                        + (" (outside the stall windows)" if pj.scope == "apart" else "")
+                        + f" pool_wait p50 {_dur(pj.pw50)} / p90 {_dur(pj.pw90)}, e2e p50 {_dur(pj.e50)} / p90 "
+                          f"{_dur(pj.e90)}, {len(waited)} of {pj.n} requests waited")
+    fnd.evidence.extend(_beside_stall_evidence(f, pj))
+    fnd.evidence.extend(_pool_state_evidence(f, pj))
+    return fnd
+
+
+def _pool_headline(f: Facts, pj: PoolJudgement) -> str:
+    """The pool's figures over the requests judged: the whole run, apart from a stall, or beyond it."""
     # the headline quotes the percentile that shows the wait: p50 when most requests wait long, else
     # p90 (a queue that a quarter of the requests meet has a p50 of 0, which would read as no queue)
-    q, pw, e = ("p50", pw50, e50) if pj.share50 or pw90 is None else ("p90", pw90, e90)
+    q, pw, e = ("p50", pj.pw50, pj.e50) if pj.share50 or pj.pw90 is None else ("p90", pj.pw90, pj.e90)
     figures = f"pool_wait {q} {_dur(pw)} = {share(pw, e)} of e2e {q} {_dur(e)}"
-    w = f.stall_windows
+    waited, n = pj.waited, pj.n
     if pj.scope == "run":
-        summary = (f"client pool exhausted: requests waited for a free connection (limit {f.limit}): {figures}; "
-                   f"{len(waited)} of {n} requests waited; the server was not the bottleneck")
-    elif pj.scope == "apart":
-        summary = (f"client pool exhausted apart from the server stall: outside the stall windows requests waited "
-                   f"for a free connection (limit {f.limit}): {figures}; {len(waited)} of {n} requests there "
-                   f"waited (those queued behind the stalled requests are the stall's)")
-    else:
-        summary = (f"client pool exhausted beyond the server stall: requests waited for a free connection "
-                   f"(limit {f.limit}): {figures}; {len(waited)} of {n} requests waited; while requests were "
-                   f"stalled, requests spent {f.queue_beyond_stall:.1f}x as long queued as the stalled requests "
-                   f"held connections")
-    fnd = Finding(Kind.CLIENT_POOL, summary, "pool_wait", first_round, who_agents, len(stopped))
-    ev = fnd.evidence
-    ev.append(f"rule: pool_wait at least {POOL_WAIT_SHARE:.0%} of e2e at p50 or p90, p90 at least "
-              f"{POOL_WAIT_MIN_MS:g} ms, and at least {POOL_WAITED_SHARE:.0%} of requests waited; here"
-              + (" (outside the stall windows)" if pj.scope == "apart" else "")
-              + f" pool_wait p50 {_dur(pw50)} / p90 {_dur(pw90)}, e2e p50 {_dur(e50)} / p90 {_dur(e90)}, "
-                f"{len(waited)} of {n} requests waited")
+        return (f"client pool exhausted: requests waited for a free connection (limit {f.limit}): {figures}; "
+                f"{len(waited)} of {n} requests waited; the server was not the bottleneck")
+    if pj.scope == "apart":
+        return (f"client pool exhausted apart from the server stall: outside the stall windows requests waited "
+                f"for a free connection (limit {f.limit}): {figures}; {len(waited)} of {n} requests there "
+                f"waited (those queued behind the stalled requests are the stall's)")
+    return (f"client pool exhausted beyond the server stall: requests waited for a free connection "
+            f"(limit {f.limit}): {figures}; {len(waited)} of {n} requests waited; while requests were "
+            f"stalled, requests spent {f.queue_beyond_stall:.1f}x as long queued as the stalled requests "
+            f"held connections")
+
+
+def _beside_stall_evidence(f: Facts, pj: PoolJudgement) -> list[str]:
+    """Beside a server stall: its windows, the requests queued in them (the stall's, or the pool's
+    too when they queued far longer than the stalled requests held), those that stalled there."""
+    ev: list[str] = []
+    w = f.stall_windows
     if w is not None and f.pool_apart is not None:
         pa = f.pool_apart
         span = (f"{len(w)} stall window(s), {w.total_ns / 1e9:.1f} s in all, while requests stalled at the server "
@@ -175,6 +188,13 @@ def rule_client_pool(f: Facts) -> Finding | None:
     if w is not None and behind_stalls:
         ev.append(f"{len(behind_stalls)} request(s) that stalled or timed out queued inside the stall windows are "
                   f"the stall's (its finding counts them), not counted here")
+    return ev
+
+
+def _pool_state_evidence(f: Facts, pj: PoolJudgement) -> list[str]:
+    """The requests that stalled or timed out queued, what the sampler saw of the pool (waiters,
+    leaked connections), and the server's own answer time once sent."""
+    ev: list[str] = []
     if pj.stalls:
         ev.append(f"{len(pj.stalls)} request(s) stalled in pool_wait (no connection for stall.after_s)")
     if pj.timeouts:
@@ -193,7 +213,7 @@ def rule_client_pool(f: Facts) -> Finding | None:
                   f"connections leaked (responses not read to the end or not released)")
     ttfb = pct_ms(f.acc.ttfb_ok, 50)
     ev.append(f"once sent, the server answered: ttfb p50 {_dur(ttfb)}")
-    return fnd
+    return ev
 
 
 # `agentload proxy`: a conversation idle this many times its usual gap between rounds (and at least
