@@ -181,6 +181,34 @@ def test_pd_incident_stalls_in_round_4_on_the_hanging_decode_worker(tmp_path):
     assert any("decode worker d1" in line for line in [v["summary"], *v["evidence"]]), v["evidence"]
 
 
+@needs_smg
+def test_pd_mode_reports_the_routers_own_time_to_the_prefill_workers_too(tmp_path):
+    """smg in PD mode sends each request to a prefill and a decode worker; both log it with the
+    traceparent agentload sent, so the router's own time is reported to each role's workers.
+    Three rounds stay under d1's hang (5,000 prompt tokens)."""
+    out = tmp_path / "pd"
+    run_scenario("router-pd-incident", out, ["agents.count=4", "agents.rounds=3", "agents.start=0.5",
+                                             "canary.every_s=0"])
+    recs = _records(out)
+    assert len(recs) == 12 and all(r.outcome == "ok" for r in recs)
+    rt = _summary(out)["router"]["router_time"]
+    for role, names in (("decode", {"d0", "d1"}), ("prefill", {"p0", "p1"})):
+        x = rt if role == "decode" else rt["prefill"]
+        # smg forwards traceparent to both workers: every request joined by it at each role
+        assert (x["by_traceparent"], x["by_id"]) == (12, 0), (role, x)
+        assert set(x["backends"]) <= names
+        timed = sum(h["n"] for h in x["backends"].values() if h)
+        assert timed + x["before_sent"] == 12 and timed == x["all"]["n"], (role, x)
+        assert timed, f"no {role} arrival after agentload's send stamp: {x}"
+        assert 0 <= x["all"]["p50_ms"] <= x["all"]["p99_ms"]
+    # the prefill workers' logs have every request once (smg's PD pairs one prefill with one decode)
+    at_prefill = [line["traceparent"] for p in ("p0", "p1") for line in _log_lines(out, p)]
+    assert sorted(at_prefill) == sorted(r.traceparent for r in recs)
+    text = (out / "report.txt").read_text()
+    assert "router's own time to the prefill workers (request sent -> arrival in the prefill worker's log, 12 " \
+           "joined by traceparent, 0 by request id)" in text
+
+
 @pytest.mark.litellm
 @pytest.mark.slow
 def test_litellm_already_running_in_front_of_the_fleet_keeps_attribution(tmp_path, monkeypatch):

@@ -393,6 +393,39 @@ def test_the_routers_own_time_per_backend_joined_by_traceparent_then_by_id(tmp_p
     assert "1 arrived before the send stamp (left out)" in text
 
 
+def test_in_pd_mode_the_routers_own_time_to_the_prefill_workers_too(tmp_path):
+    """Both workers of a PD pair log the request: the decode worker's arrival (the main role) and,
+    under `prefill`, the prefill worker's, joined the same way (traceparent, else request id)."""
+    run = RunBuilder(agents=1, rounds=3).fleet(4, mode="pd", roles=["prefill", "prefill", "decode", "decode"])
+    tp = [f"00-{'%032x' % 9}-{'%016x' % i}-01" for i in range(1, 4)]
+    sent = lambda rec: rec.t["sent"] / MS  # noqa: E731
+    r1 = run.ok(0, 1, backend="b2", id_sent="x1", traceparent=tp[0], at_ms=1000)
+    run.log("b0", r1, recv_ms=sent(r1) + 2, traceparent=tp[0])
+    run.log("b2", r1, recv_ms=sent(r1) + 3, traceparent=tp[0])
+    r2 = run.ok(0, 2, backend="b3", id_sent="x2", traceparent=tp[1], at_ms=2000)
+    run.log("b1", r2, recv_ms=sent(r2) + 4)  # no traceparent at the prefill worker: its id joins
+    run.log("b3", r2, recv_ms=sent(r2) + 6, traceparent=tp[1])
+    r3 = run.ok(0, 3, backend="b2", id_sent="x3", traceparent=tp[2], at_ms=3000)
+    run.log("b0", r3, recv_ms=sent(r3) - 1, traceparent=tp[2])  # before the send stamp: left out
+    run.log("b2", r3, recv_ms=sent(r3) + 8, traceparent=tp[2])
+    summary = build_summary(run.write(tmp_path / "run"))
+    rt = summary["router"]["router_time"]
+    assert (rt["by_traceparent"], rt["by_id"], rt["before_sent"]) == (3, 0, 0)
+    assert list(rt["backends"]) == ["b2", "b3"] and rt["backends"]["b3"]["p50_ms"] == pytest.approx(6.0, rel=0.01)
+    pre = rt["prefill"]
+    assert (pre["by_traceparent"], pre["by_id"], pre["before_sent"]) == (2, 1, 1)
+    assert list(pre["backends"]) == ["b0", "b1"]
+    assert pre["backends"]["b0"]["n"] == 1 and pre["backends"]["b0"]["p50_ms"] == pytest.approx(2.0, rel=0.01)
+    assert pre["backends"]["b1"]["p99_ms"] == pytest.approx(4.0, rel=0.01)
+    assert pre["all"]["n"] == 2
+    text = render(summary)
+    assert ("router's own time to the decode workers (request sent -> arrival in the decode worker's log, 3 joined "
+            "by traceparent, 0 by request id)") in text
+    assert ("router's own time to the prefill workers (request sent -> arrival in the prefill worker's log, 2 "
+            "joined by traceparent, 1 by request id)") in text
+    assert "by prefill worker: b0 2.0 / 2.0, b1 4.0 / 4.0; 1 arrived before the send stamp (left out)" in text
+
+
 # ---------------------------------------------------------------- the bounded structures
 
 

@@ -260,19 +260,30 @@ def imbalance_line(x: dict[str, Any] | None) -> str | None:
     return line
 
 
-def router_time_line(x: dict[str, Any] | None) -> str | None:
-    """`router's own time (request sent -> backend log arrival) p50 / p99: 0.4 / 2.1 ms; b0 ...`"""
+def router_time_line(x: dict[str, Any] | None, workers: str | None = None) -> str | None:
+    """`router's own time (request sent -> arrival in the backend's log, ...) p50 / p99 ms: 0.4 / 2.1; ...`;
+    `workers` (PD mode: "decode worker", "prefill worker") names whose log the arrival is in."""
     if not x or not x.get("all"):
         return None
     a = x["all"]
-    line = (f"router's own time (request sent -> arrival in the backend's log, {x['by_traceparent']} joined by "
+    who = workers or "backend"
+    line = ("router's own time" + (f" to the {who}s" if workers else "")
+            + f" (request sent -> arrival in the {who}'s log, {x['by_traceparent']} joined by "
             f"traceparent, {x['by_id']} by request id) p50 / p99 ms: {_ms(a['p50_ms'])} / {_ms(a['p99_ms'])}")
     per = [f"{name} {_ms(h['p50_ms'])} / {_ms(h['p99_ms'])}" for name, h in (x.get("backends") or {}).items() if h]
     if per:
-        line += "; by backend: " + ", ".join(per)
+        line += f"; by {who}: " + ", ".join(per)
     if x.get("before_sent"):
         line += f"; {x['before_sent']} arrived before the send stamp (left out)"
     return line
+
+
+def router_time_lines(x: dict[str, Any] | None) -> list[str | None]:
+    """The router's own time to the main role's backends; in PD mode to the decode workers, then
+    the prefill workers."""
+    if not x or "prefill" not in x:
+        return [router_time_line(x)]
+    return [router_time_line(x, "decode worker"), router_time_line(x["prefill"], "prefill worker")]
 
 
 def inflight_line(x: dict[str, Any]) -> str:
@@ -323,7 +334,7 @@ def render_router(con: Console, r: dict[str, Any]) -> None:
         con.print(f"stickiness: {_pct(st['share'])} ({st['same']} of {st['pairs']}) of consecutive rounds of a "
                   f"conversation went to the backend of the round before", soft_wrap=True, markup=False)
     for line in (conversations_line(r.get("conversations")), imbalance_line(r.get("imbalance")),
-                 router_time_line(r.get("router_time"))):
+                 *router_time_lines(r.get("router_time"))):
         if line:
             con.print(line, soft_wrap=True, markup=False)
     for f in r.get("faults", []):

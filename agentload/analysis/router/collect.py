@@ -11,7 +11,6 @@ from agentload.analysis.router import section
 from agentload.analysis.router.log_index import id_hash
 from agentload.analysis.router.state import IMBALANCE_WINDOW_S, MAX_BACKENDS, OTHER, UNATTRIBUTED, AgentSticky, PassState
 from agentload.analysis.router.tallies import BackendTally, RoundTally, rate, ttft_ns
-from agentload.analysis.stats import SparseHistogram
 from agentload.records.record import Record
 
 
@@ -99,28 +98,21 @@ class RouterPass(PassState):
             wc[backend] += 1
 
     def _hop(self, r: Record, sent: int) -> None:
-        """The router's own time for this request: the earliest arrival of it in a backend log of
-        the main role (joined by traceparent where the log has it, else by request id) - sent."""
-        hit = None
-        if self.has_tp and r.traceparent:
-            hit = self.tp_index.first(self.role, id_hash(r.traceparent))
+        """The router's own time for this request, per role (the main one; the prefill workers too
+        in PD mode): the earliest arrival of it in a backend log of the role (joined by traceparent
+        where the log has it, else by request id) - sent."""
+        for role, tally in self.hop.items():
+            hit = None
+            if self.has_tp and r.traceparent:
+                hit = self.tp_index.first(role, id_hash(r.traceparent))
+                if hit is not None:
+                    tally.by_tp += 1
+            if hit is None and r.id_sent:
+                hit = self.index.first(role, id_hash(r.id_sent))
+                if hit is not None:
+                    tally.by_id += 1
             if hit is not None:
-                self.hop_by_tp += 1
-        if hit is None and r.id_sent:
-            hit = self.index.first(self.role, id_hash(r.id_sent))
-            if hit is not None:
-                self.hop_by_id += 1
-        if hit is None:
-            return
-        bi, recv = hit
-        if recv < sent:  # arrived before agentload's send stamp: not a time the router took
-            self.hop_before_sent += 1
-            return
-        name = self.backends[bi].name
-        h = self.hop.get(name)
-        if h is None:
-            h = self.hop[name] = SparseHistogram()
-        h.record_ns(recv - sent)
+                tally.record(self.backends[hit[0]].name, hit[1], sent)
 
     def _tally(self, name: str, role: str) -> BackendTally:
         k = (name, role)

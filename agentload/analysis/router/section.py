@@ -8,7 +8,7 @@ from collections import Counter
 from typing import Any
 
 from agentload.analysis.router.log_index import MAX_RETRY_EXAMPLES, id_hash
-from agentload.analysis.router.tallies import (BackendTally, FaultTally, RoundTally, hop_summary, rate, secs,
+from agentload.analysis.router.tallies import (BackendTally, FaultTally, HopTally, RoundTally, hop_summary, rate, secs,
                                                ttft_summary)
 from agentload.analysis.router.state import IMBALANCE_WINDOW_S, UNATTRIBUTED, PassState
 from agentload.analysis.stats import SparseHistogram
@@ -78,18 +78,25 @@ def imbalance(p: PassState) -> dict[str, Any]:
 
 def router_time(p: PassState) -> dict[str, Any]:
     """The router's own time per request: a backend log's arrival - the record's `sent` stamp
-    (one clock on one host), per backend of the arrival."""
+    (one clock on one host), per backend of the arrival: to the main role's backends, and in PD
+    mode under `prefill` to the prefill workers."""
+    out = _hop_section(p, p.hop[p.role])
+    if "prefill" in p.hop:
+        out["prefill"] = _hop_section(p, p.hop["prefill"])
+    return out
+
+
+def _hop_section(p: PassState, t: HopTally) -> dict[str, Any]:
     total = SparseHistogram()
     per = {}
-    order = [b.name for b in p.backends if b.name in p.hop]
-    order += sorted(k for k in p.hop if k not in order)
+    order = [b.name for b in p.backends if b.name in t.per]
+    order += sorted(k for k in t.per if k not in order)
     for name in order:
-        h = p.hop[name]
+        h = t.per[name]
         total.add(h)
         per[name] = hop_summary(h)
-    return {"what": "backend log arrival - request sent", "by_traceparent": p.hop_by_tp,
-            "by_id": p.hop_by_id, "before_sent": p.hop_before_sent, "all": hop_summary(total),
-            "backends": per}
+    return {"what": "backend log arrival - request sent", "by_traceparent": t.by_tp, "by_id": t.by_id,
+            "before_sent": t.before_sent, "all": hop_summary(total), "backends": per}
 
 
 def attribution(p: PassState) -> dict[str, Any]:

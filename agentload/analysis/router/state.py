@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from agentload.analysis.router.facts import RouterFacts
 from agentload.analysis.router.log_index import LogIndex, id_hash
-from agentload.analysis.router.tallies import BackendTally, FaultTally, RoundTally
+from agentload.analysis.router.tallies import BackendTally, FaultTally, HopTally, RoundTally
 from agentload.analysis.stats import RoundRows, SparseHistogram
 from agentload.analysis.tallies import TimeCounts
 from agentload.records.fleet import log_lines
@@ -72,9 +72,11 @@ class PassState:
         self.convs: dict[tuple[int, int], Counter[str]] = {}
         self.windows: dict[int, Counter[str]] = {}  # IMBALANCE_WINDOW_S window -> backend -> requests
         self.load: Counter[str] = Counter()  # backend -> requests (main role, attributed)
-        # the router's own time: backend log arrival - request sent, per backend of the arrival
-        self.hop: dict[str, SparseHistogram] = {}
-        self.hop_by_tp = self.hop_by_id = self.hop_before_sent = 0
+        # the router's own time: backend log arrival - request sent, per role (the main one, and
+        # the prefill workers in PD mode: both get each request) and backend of the arrival
+        self.hop: dict[str, HopTally] = {self.role: HopTally()}
+        if self.pd:
+            self.hop["prefill"] = HopTally()
         self.tp_index = LogIndex()  # the log lines' traceparents, as `index` has their ids
         self.index = self._read_logs()
         self.has_index = bool(self.index)

@@ -40,6 +40,27 @@ def hop_summary(h: SparseHistogram) -> dict[str, Any] | None:
     return {"n": h.get_total_count(), "p50_ms": pct[50], "p99_ms": pct[99]}
 
 
+class HopTally:
+    """The router's own time to the backends of one role (backend log arrival - request sent):
+    how the records were joined to a log line, those that arrived before the send stamp, and a
+    histogram per backend of the arrival."""
+
+    __slots__ = ("by_tp", "by_id", "before_sent", "per")
+
+    def __init__(self) -> None:
+        self.by_tp = self.by_id = self.before_sent = 0
+        self.per: dict[str, SparseHistogram] = {}
+
+    def record(self, name: str, recv: int, sent: int) -> None:
+        if recv < sent:  # arrived before agentload's send stamp: not a time the router took
+            self.before_sent += 1
+            return
+        h = self.per.get(name)
+        if h is None:
+            h = self.per[name] = SparseHistogram()
+        h.record_ns(recv - sent)
+
+
 def ttft_ns(r: Record) -> int | None:
     """Time to first token: request sent -> first token (what the verdict's healthy line says)."""
     t = r.t
