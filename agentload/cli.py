@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 
@@ -27,7 +27,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions
                   help="Load generator for LLM serving stacks: tool-calling agents, traced phases, stall verdicts.")
 
 
-def _fail(msg: str) -> None:
+def _fail(msg: str) -> NoReturn:
     one_line = " ".join(redact(msg).split())
     typer.echo(f"agentload: error: {one_line}", err=True)
     raise typer.Exit(2)
