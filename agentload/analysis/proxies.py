@@ -62,7 +62,7 @@ class FixedTimeout:
     candidates: int  # failures that could have (HTTP 502/503/504/408, streams cut after a silence)
     lo_ms: float
     hi_ms: float
-    after: Counter = field(default_factory=Counter)  # "send" / "the last token": how many ended so
+    after: Counter[str] = field(default_factory=Counter)  # "send" / "the last token": how many ended so
 
     @property
     def ids(self) -> set[int]:
@@ -124,7 +124,7 @@ def fixed_timeout(errors: Iterable[Record], stalled: bool = False) -> FixedTimeo
     late = max(tol, FIXED_TIMEOUT_LATE_MS * 1e6, FIXED_TIMEOUT_LATE_SHARE * centre)
     matched: list[Record] = []
     ended: list[int] = []
-    after: Counter = Counter()
+    after: Counter[str] = Counter()
     for r, vs in cands:
         hit = next(((v, how) for v, how in vs if -tol <= v - centre <= late), None)
         if hit is not None:
@@ -162,7 +162,7 @@ class Answerer:
     """Who answered some errors: the `Server` header they carried, the proxy their body or header
     names, and whether that header differs from the answers that went through."""
 
-    servers: Counter  # Server header -> count ("(none)" when absent)
+    servers: Counter[str]  # Server header -> count ("(none)" when absent)
     proxy: str | None  # "nginx", "haproxy", ... when a signature matched
     html: bool  # their body is an HTML page (a proxy's; an engine answers JSON)
     differs: bool  # their Server header is not the one the answers that went through carried
@@ -191,10 +191,10 @@ class Answerer:
         return "; ".join(parts)
 
 
-def who_answered(records: list[Record], ok_servers: Counter) -> Answerer:
+def who_answered(records: list[Record], ok_servers: Counter[str]) -> Answerer:
     """The layer `records` (errors) came from, against `ok_servers` (the Server headers of the answers
     that went through)."""
-    servers: Counter = Counter((r.server or "(none)") for r in records)
+    servers: Counter[str] = Counter((r.server or "(none)") for r in records)
     sample = next((r.error_msg for r in records if r.error_msg), "") or ""
     texts = [s.lower() for s in servers if s != "(none)"] + [(r.error_msg or "").lower() for r in records[:20]]
     proxy = next((name for sig, name in _SIGNATURES if any(sig in x for x in texts)), None)
@@ -250,7 +250,7 @@ class AdmissionLimit:
     limit: int  # the requests in flight at every refusal (never fewer)
     at_limit: int  # refusals that saw exactly that many
     counted: int  # refusals counted
-    spread: Counter  # in flight -> refusals
+    spread: Counter[int]  # in flight -> refusals
 
 
 def admission_limit(counts: list[int]) -> AdmissionLimit | None:
@@ -281,7 +281,7 @@ class BurstTally:
         self.bursty = 0
         self.one_read = 0  # ... of which every token came in one read
         self.agents: set[int] = set()
-        self.servers: Counter = Counter()
+        self.servers: Counter[str] = Counter()
         self.per_read: list[float] = []  # chunks a read of the first 1,000 bursty answers
         self.waits: list[int] = []  # send -> first token of the first 1,000 (ns)
         self.first_round: int | None = None
