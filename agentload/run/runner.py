@@ -258,51 +258,65 @@ def _count_unstarted(ctx: RunContext, loop_start: int, pos: list, rng: random.Ra
 
 async def _arrive(ctx: RunContext, tasks: set[asyncio.Task], loop_start: int, pos: list,
                   rng: random.Random) -> None:
-    sc = ctx.scenario
-    a = sc.agents
-    mine, workers = ctx.shard
     # Agents started since the loop last ran: at most ARRIVAL_SLICE, then yield, so the new agents'
     # first steps (building a conversation, asking the pool) and every socket event in between run
     # before the next slice. 100,000 agents at once froze the loop 12-22 s (false connect timeouts).
-    started = 0
+    if ctx.scenario.agents.arrival == "closed":
+        await _arrive_closed(ctx, tasks, loop_start, pos)
+    else:
+        await _arrive_open(ctx, tasks, loop_start, pos, rng)
+
+
+async def _arrive_closed(ctx: RunContext, tasks: set[asyncio.Task], loop_start: int, pos: list) -> None:
+    """Closed loop: every agent at once, or spread over the ramp (`agents.start`), each one
+    conversation after another until its rounds are done."""
+    a = ctx.scenario.agents
+    mine, workers = ctx.shard
+    started = 0  # since the loop last ran
     own = 0  # agents this process started
-    if a.arrival == "closed":
-        n = a.count
-        ramp = 0.0 if a.start == "all" else float(a.start)
-        for i in range(n):
-            pos[0] = i
-            if ctx.stopping:
-                return
-            if i % workers != mine:  # another worker process's agent
-                continue
-            if ramp > 0 and n > 1:
-                due = loop_start + int(ramp * 1e9 * i / (n - 1))
-                delay = (due - _now()) / 1e9
-                if delay > 0:
-                    await ctx.sleep(delay)
-                    started = 0
-                    if ctx.stopping:
-                        return
-            if started >= ARRIVAL_SLICE:
-                await asyncio.sleep(0)
+    n = a.count
+    ramp = 0.0 if a.start == "all" else float(a.start)
+    for i in range(n):
+        pos[0] = i
+        if ctx.stopping:
+            return
+        if i % workers != mine:  # another worker process's agent
+            continue
+        if ramp > 0 and n > 1:
+            due = loop_start + int(ramp * 1e9 * i / (n - 1))
+            delay = (due - _now()) / 1e9
+            if delay > 0:
+                await ctx.sleep(delay)
                 started = 0
                 if ctx.stopping:
                     return
-            _track(ctx, tasks, asyncio.create_task(run_agent(ctx, i), name=f"agent-{i}"))
-            pos[0] = i + 1
-            ctx.agents_started += 1
-            started += 1
-            own += 1
-            if own % FREEZE_EVERY_AGENTS == 0:
-                gc.freeze()
-        pos[0] = n
-        if own >= FREEZE_EVERY_AGENTS:  # the last slice's agents, once their first step has run
+        if started >= ARRIVAL_SLICE:
             await asyncio.sleep(0)
+            started = 0
+            if ctx.stopping:
+                return
+        _track(ctx, tasks, asyncio.create_task(run_agent(ctx, i), name=f"agent-{i}"))
+        pos[0] = i + 1
+        ctx.agents_started += 1
+        started += 1
+        own += 1
+        if own % FREEZE_EVERY_AGENTS == 0:
             gc.freeze()
-            ctx.pace_collector = True
-        return
-    # Open loop: new conversations start at a rate, whatever the server does; each first
-    # request carries the time it should have started, so latency counts the lateness too.
+    pos[0] = n
+    if own >= FREEZE_EVERY_AGENTS:  # the last slice's agents, once their first step has run
+        await asyncio.sleep(0)
+        gc.freeze()
+        ctx.pace_collector = True
+
+
+async def _arrive_open(ctx: RunContext, tasks: set[asyncio.Task], loop_start: int, pos: list,
+                       rng: random.Random) -> None:
+    """Open loop: new conversations start at a rate, whatever the server does; each first request
+    carries the time it should have started, so latency counts the lateness too."""
+    sc = ctx.scenario
+    a = sc.agents
+    mine, workers = ctx.shard
+    started = 0  # since the loop last ran
     due = loop_start
     for i in range(a.count):
         pos[0], pos[1], pos[2] = i, due, False
