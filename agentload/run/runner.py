@@ -401,7 +401,7 @@ class InProcess:
         use_uvloop()
         view = LiveLine(run_dir=str(run.run_dir)) if run.live and self.on_tick is None else None
         try:  # (the view's clock starts with the run)
-            return asyncio.run(dataclasses.replace(self, on_tick=view or self.on_tick).run(run))
+            return asyncio.run((self if view is None else dataclasses.replace(self, on_tick=view)).run(run))
         finally:
             if view is not None:
                 view.close()
