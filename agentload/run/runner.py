@@ -43,7 +43,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Coroutine
 
 from agentload.run import dump, server_props
 from agentload.run.executor import PreparedRun, RunOutcome
@@ -364,7 +364,8 @@ async def _supervise(ctx: RunContext, name: str, job: Callable[[], Awaitable[Any
             raise
         except Exception as e:
             crashes += 1
-            stopping = asyncio.current_task().cancelling() > 0  # it failed while being cancelled
+            task = asyncio.current_task()
+            stopping = task is not None and task.cancelling() > 0  # it failed while being cancelled
             ctx.record_crash(name, e, restarted=crashes <= restarts and not stopping)
             if stopping:
                 raise asyncio.CancelledError from e
@@ -393,7 +394,7 @@ class InProcess:
     gate: Callable[[], Awaitable[int]] | None = None
     on_context: Callable[[RunContext], None] | None = None
     on_started: Callable[[dict[str, Any]], None] | None = None
-    drive: Callable[[RunContext], Awaitable[None]] | None = None
+    drive: Callable[[RunContext], Coroutine[Any, Any, None]] | None = None
 
     def execute(self, run: PreparedRun) -> RunOutcome:
         from agentload.run.live import LiveLine
@@ -673,8 +674,9 @@ class _Running:
             return
         done, pending = await asyncio.wait(self.background, timeout=SHUTDOWN_GRACE_S)
         for t in done:
-            if not t.cancelled() and t.exception() is not None:  # _supervise records; this is a fault in it
-                ctx.record_crash(t.get_name(), t.exception())
+            exc = None if t.cancelled() else t.exception()
+            if exc is not None:  # _supervise records; this is a fault in it
+                ctx.record_crash(t.get_name(), exc)
         for t in pending:
             ctx.record_crash(t.get_name(), RuntimeError(f"background task {t.get_name()} did not stop "
                                                         f"within {SHUTDOWN_GRACE_S:g} s of its cancel"))
