@@ -70,10 +70,10 @@ def _load_window() -> dict[str, float]:
     to the end of the last agent (its last completion), CPU and wall clock at each end; the run's
     set-up before it and its teardown after it (run folder, run.json, sampler, closing files) are
     left out, as the baseline leaves out making its session. The agents all start at once here."""
-    import agentload.run.runner as runner
+    import agentload.run.arrivals as arrivals
 
     window: dict[str, float] = {}
-    agent = runner.run_agent
+    agent = arrivals.run_agent
 
     async def timed(*args, **kwargs):
         if "cpu0" not in window:
@@ -83,7 +83,7 @@ def _load_window() -> dict[str, float]:
         finally:
             window["cpu1"], window["t1"] = _usage(), time.perf_counter()
 
-    runner.run_agent = timed
+    arrivals.run_agent = timed
     return window
 
 

@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 
 import agentload.run.agent as agent_mod
+import agentload.run.arrivals as arrivals
 import agentload.run.runner as runner
 from agentload.records import load_records
 from agentload.report.build import write_reports
@@ -239,7 +240,7 @@ def test_run_loop_crash_stops_cuts_and_still_writes_run_json(tmp_path, monkeypat
 
 
 def test_arrivals_crash_stops_the_run(tmp_path, monkeypatch):
-    real = runner._track
+    real = arrivals._track
 
     def track(ctx, tasks, task):
         if len(tasks) == 2:
@@ -247,7 +248,7 @@ def test_arrivals_crash_stops_the_run(tmp_path, monkeypatch):
             raise RuntimeError("arrivals bug")
         real(ctx, tasks, task)
 
-    monkeypatch.setattr(runner, "_track", track)
+    monkeypatch.setattr(arrivals, "_track", track)
     with FakeServer(ok_handler) as srv:
         _, meta = _run(_scenario(srv.url, "agents.count=5", "agents.rounds=100000"), tmp_path)
     [c] = meta["crashes"]
@@ -276,11 +277,11 @@ def test_workers_merge_keeps_every_workers_crashes():
 def test_agents_start_in_slices_not_all_in_one_loop_step(tmp_path, monkeypatch):
     """Each new agent's first step runs in the loop iteration after its task was created: count
     the agents whose first step ran in each iteration."""
-    monkeypatch.setattr(runner, "ARRIVAL_SLICE", 8)
+    monkeypatch.setattr(arrivals, "ARRIVAL_SLICE", 8)
     n = 60
     tick = [0]
     ticks: list[int] = []
-    real = runner.run_agent
+    real = arrivals.run_agent
 
     def count_iterations():
         tick[0] += 1
@@ -293,7 +294,7 @@ def test_agents_start_in_slices_not_all_in_one_loop_step(tmp_path, monkeypatch):
         ticks.append(tick[0])
         return await real(ctx, agent, intended_start)
 
-    monkeypatch.setattr(runner, "run_agent", run_agent)
+    monkeypatch.setattr(arrivals, "run_agent", run_agent)
     with FakeServer(ok_handler) as srv:
         _, meta = _run(_scenario(srv.url, f"agents.count={n}", "agents.rounds=1"), tmp_path)
     per_step = Counter(ticks)

@@ -351,10 +351,10 @@ def test_after_a_frozen_start_up_the_watchdog_keeps_the_young_generations_short(
     import gc
 
     from agentload.mock import MockConfig, MockProcess
-    from agentload.run import runner
+    from agentload.run import arrivals, runner
     from helpers import run_scenario
 
-    monkeypatch.setattr(runner, "FREEZE_EVERY_AGENTS", 4)
+    monkeypatch.setattr(arrivals, "FREEZE_EVERY_AGENTS", 4)
     passes = []
 
     def pace():
@@ -388,10 +388,10 @@ def test_failed_requests_scrapes_and_past_intervals_leave_nothing_in_the_frozen_
 
     from agentload.records import Trace
     from agentload.records.interval_log import IntervalLog
-    from agentload.run import runner
+    from agentload.run import arrivals, runner
     from helpers import run_scenario
 
-    monkeypatch.setattr(runner, "FREEZE_EVERY_AGENTS", 4)
+    monkeypatch.setattr(arrivals, "FREEZE_EVERY_AGENTS", 4)
     paces = []
     runner_pace = runner.pace_collector
     monkeypatch.setattr(runner, "pace_collector", lambda: (runner_pace(), paces.append(1)))
