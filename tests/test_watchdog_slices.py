@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import time
 from types import SimpleNamespace
 
 import pytest
 
 import agentload.run.runner as runner
+from agentload.process import free_port
 from agentload.records import Trace
 from agentload.run import snapshot
 from agentload.run.context import AgentState
@@ -426,9 +426,7 @@ def test_failed_requests_scrapes_and_past_intervals_leave_nothing_in_the_frozen_
 
     monkeypatch.setattr(runner, "gc_for_run", watched_gc_for_run)
     gc.collect()  # other tests' garbage, before the run's start-up freezes whatever exists
-    with socket.socket() as s:  # a port nothing listens on: every scrape of it fails
-        s.bind(("127.0.0.1", 0))
-        refused = s.getsockname()[1]
+    refused = free_port()  # a port nothing listens on: every scrape of it fails
     with MockProcess.start(MockConfig(base_latency_ms=150, decode_tokens_per_s=100, output_tokens=30,
                                       drop_mid_stream_rate=0.5)) as mock:
         res = run_scenario("demo", tmp_path, [f'target.endpoint="{mock.url}"', "agents.count=8", "agents.rounds=5",
