@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from agentload.run.apis.reader import assistant_turn
 from agentload.run.chat_stream import ChatStream
 from agentload.run.conversation import Conversation, agent_rng, synthetic_text
-from agentload.run.scenario import ConversationConfig, Dist, const
+from agentload.run.dist import Dist, const
+from agentload.run.scenario import ConversationConfig
 from agentload.tokens import prompt_tokens, text_tokens
 from agentload.tokens import synthetic_text as synthetic_text_random
 

@@ -21,7 +21,8 @@ from agentload.mock import MockConfig, MockProcess
 from agentload.records import Trace, load_records
 from agentload.run.conversation import Conversation, agent_rng
 from agentload.run.request_body import ConversationBody
-from agentload.run.scenario import ClientConfig, ConversationConfig, TargetConfig, const
+from agentload.run.dist import const
+from agentload.run.scenario import ClientConfig, ConversationConfig, TargetConfig
 from agentload.run.transport import Transport
 
 from helpers import run_scenario

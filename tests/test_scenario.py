@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from agentload.errors import ScenarioError
 from agentload.run.conversation import agent_rng
-from agentload.run.scenario import Dist, load_scenario, packaged_scenarios, parse_scenario
+from agentload.run.dist import Dist
+from agentload.run.scenario import load_scenario, packaged_scenarios, parse_scenario
 
 from helpers import cli
 

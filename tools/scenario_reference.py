@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere: this repository's agentload
     sys.path.insert(0, str(REPO))
 
-from agentload.run.scenario import Dist, Scenario  # noqa: E402
+from agentload.run.dist import Dist  # noqa: E402
+from agentload.run.scenario import Scenario  # noqa: E402
 from agentload.validate import Check, Items, Model, Opt, checks_of  # noqa: E402
 
 PAGE = "scenario-reference.md"

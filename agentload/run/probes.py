@@ -35,7 +35,8 @@ from agentload.records import PROBE_KINDS, Record, Trace
 from agentload.records.phases import SERVER_PHASES
 from agentload.run.agent import attempt
 from agentload.run.conversation import Conversation
-from agentload.run.scenario import Scenario, const
+from agentload.run.dist import const
+from agentload.run.scenario import Scenario
 
 if TYPE_CHECKING:
     import aiohttp

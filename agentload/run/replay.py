@@ -31,7 +31,8 @@ from agentload.errors import UserError
 from agentload.records import iter_record_dicts
 from agentload.run.apis.reader import assistant_turn
 from agentload.run.conversation import Conversation, _below, synthetic_text
-from agentload.run.scenario import ConversationConfig, const
+from agentload.run.dist import const
+from agentload.run.scenario import ConversationConfig
 from agentload.tokens import TOKENS_PER_MESSAGE, prompt_tokens, text_tokens
 
 
