@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import orjson
@@ -9,7 +10,9 @@ import pytest
 
 from agentload.run.conversation import Conversation, agent_rng, tool_schemas
 from agentload.run.scenario import load_scenario
+from agentload.report.build import write_reports
 from helpers import run_scenario
+from records_factory import RunBuilder
 
 
 def _conv(sc, agent):
@@ -42,6 +45,47 @@ def test_group_weights_must_match_the_groups():
         load_scenario("demo", ["conversation.prefix_groups=2", "conversation.group_weights=[1.0]"])
 
 
+def _two_groups(run_dir):
+    """Two groups of two agents: group 0's second rounds served half from the cache, group 1's not
+    reported."""
+    run = RunBuilder(agents=4, rounds=2)
+    for a in range(4):
+        for rnd in (1, 2):
+            cached = (100 * rnd // 2 if rnd == 2 else 0) if a < 2 else None
+            rec = run.ok(a, rnd, cached_tokens=cached, ttft_ms=20.0 + 10 * a)
+            run.records[-1] = dataclasses.replace(rec, group=0 if a < 2 else 1)
+    run.write(run_dir)
+    return write_reports(run_dir)
+
+
+def test_report_html_draws_each_groups_cache_hit_rate_and_time_to_first_token(tmp_path):
+    """report.html gets the groups' table and figure (a run without groups has neither:
+    test_router_analysis's run without a fleet)."""
+    summary, text = _two_groups(tmp_path)
+    g = summary["groups"]
+    assert (g["0"]["agents"], g["0"]["requests"], g["0"]["cache_hit_rate"]) == (2, 4, pytest.approx(200 / 600, abs=1e-4))
+    assert g["1"]["cache_hit_rate"] is None
+    html = (tmp_path / "report.html").read_text()
+    assert "<h2>Prefix groups</h2>" in html and "id=\"fig-groups\"" in html
+    assert "Prefix-cache hit rate and time to first token by prefix group" in html
+    assert "<tr><th>0</th><td>2</td><td>4 / 4</td><td>33%</td>" in html
+    assert "<tr><th>1</th><td>2</td><td>4 / 4</td><td>not reported</td>" in html
+    assert "data-figures='5'" in html
+
+
+@pytest.mark.slow
+def test_the_groups_figure_renders_in_headless_chromium(tmp_path):
+    from devtools import check_page_sync, find_chromium
+
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    _two_groups(tmp_path)
+    res = check_page_sync(tmp_path / "report.html", chromium=chromium, timeout=60)
+    assert res.ok, res.problems()
+    assert res.ids == ["fig-timeline", "fig-rounds", "fig-groups", "fig-prompt", "fig-over-time"]
+
+
 @pytest.mark.slow
 def test_a_run_with_groups_reports_each_groups_cache_hit_rate_and_sends_trace_and_session_headers(tmp_path):
     log = tmp_path / "mock.log"
@@ -55,6 +99,8 @@ def test_a_run_with_groups_reports_each_groups_cache_hit_rate_and_sends_trace_an
     # agents after a group's first share its prompt: most of each group's prompt tokens come from the cache
     assert all(g["cache_hit_rate"] > 0.5 for g in s["groups"].values()), s["groups"]
     assert "prefix group 0:" in launched.text and "cache hit rate" in launched.text
+    html = (out / "report.html").read_text()
+    assert "<h2>Prefix groups</h2>" in html and "id=\"fig-groups\"" in html
     recs = [orjson.loads(x) for x in (out / "records.jsonl").read_bytes().splitlines()]
     agents = [r for r in recs if r["kind"] == "agent"]
     tp = re.compile(r"^00-[0-9a-f]{32}-[0-9a-f]{16}-01$")

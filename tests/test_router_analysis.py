@@ -72,7 +72,8 @@ def test_a_run_without_a_fleet_has_no_router_section_and_an_unchanged_report(tmp
     assert "ROUTER" not in text and "fault" not in text
     write_reports(tmp_path / "plain")
     html = (tmp_path / "plain" / "report.html").read_text()
-    assert "fig-router" not in html and "data-figures='4'" in html
+    assert "fig-router" not in html and "fig-groups" not in html and "data-figures='4'" in html
+    assert "Prefix groups" not in html and "Load imbalance" not in html
 
 
 def test_records_are_attributed_by_fingerprint_and_by_the_backend_logs(tmp_path):
@@ -289,8 +290,10 @@ def test_reports_show_the_router_section_and_fault_bands(tmp_path):
     assert "ROUTER smg (policy cache_aware) in front of 3 backend(s)" in text
     assert "cache hit rate" in text and "per backend" in text
     html = (d / "report.html").read_text()
-    for fid in ("fig-router-share", "fig-router-rounds"):
+    for fid in ("fig-router-share", "fig-router-imbalance", "fig-router-rounds"):
         assert f"id=\"{fid}\"" in html or f"id='{fid}'" in html
+    assert "Load imbalance over time: the busiest backend" in html
+    assert "router&#x27;s own time (request sent -&gt; arrival in the backend&#x27;s log" in html
     assert html.count("fault 1: hang b2") >= 3  # the band's label on every over-time chart
     # rebuilt from disk: the same bytes
     first = {n: (d / n).read_bytes() for n in ("summary.json", "report.txt", "report.html")}
@@ -360,6 +363,9 @@ def test_stickiness_per_conversation_and_load_imbalance(tmp_path):
     assert x["overall"] == pytest.approx(5 / 9 * 3, abs=1e-4)
     assert (x["windows"], x["window_max_at_s"], x["min_window_requests"]) == (1, 0, 6)
     assert x["window_max"] == pytest.approx(3 / 7 * 3, abs=1e-4)
+    # window by window for report.html's chart: the thin third window is drawn, not counted
+    assert x["over_time"] == {"width_s": 10, "values": [pytest.approx(3 / 7 * 3, abs=1e-4), None, 3.0],
+                              "requests": [7, 0, 2]}
     text = render(summary)
     assert "per conversation: 67% (2 of 3) of the conversations with 2+ requests" in text
     assert "1.67 overall (b0 busiest), worst 10 s window 1.29 at +0 s (of 1 windows with 6+ requests)" in text
@@ -475,7 +481,7 @@ def test_the_router_report_renders_in_headless_chromium_without_console_errors(t
     res = check_page_sync(tmp_path / "report.html", chromium=chromium, timeout=60)
     assert res.ok, res.problems()
     assert res.ids == ["fig-timeline", "fig-rounds", "fig-prompt", "fig-over-time", "fig-target", "fig-router-share",
-                       "fig-router-rounds", "fig-router-inflight"]
+                       "fig-router-imbalance", "fig-router-rounds", "fig-router-inflight"]
 
 
 def test_one_server_naming_itself_is_no_fleet_but_two_behind_a_router_are(tmp_path):

@@ -1,6 +1,7 @@
 """The figures of report.html that draw the run itself (the router's and the target's own are in
-router_chart.py and target_chart.py): the agents' swim lanes, phase percentiles per round, stall
-probability against prompt size, and the run over time. Each is a pure function of what the
+router_chart.py and target_chart.py): the agents' swim lanes, phase percentiles per round, each
+prefix group's cache hit rate and time to first token, stall probability against prompt size, and
+the run over time. Each is a pure function of what the
 report's pass gathered (`HtmlView`) and the summary, so the page's bytes are too.
 """
 
@@ -213,6 +214,36 @@ def fig_rounds(summary: dict[str, Any]) -> go.Figure:
                       xaxis=dict(title="round", type="category") if bands else dict(title="round", dtick=1),
                       yaxis=dict(title="ms (log)", type="log"),
                       margin=dict(l=60, r=20, t=50, b=50))
+    return fig
+
+
+# ---------------------------------------------------------------- prefix groups
+
+
+def fig_groups(summary: dict[str, Any]) -> go.Figure | None:
+    """Per prefix group ([conversation] prefix_groups): its prefix-cache hit rate (bars) and time to
+    first token p50 / p99 (lines). None for a run without groups."""
+    groups = summary.get("groups") or {}
+    if not groups:
+        return None
+    xs = [f"group {g}" for g in groups]
+    rows = list(groups.values())
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    hit = [None if x.get("cache_hit_rate") is None else round(100 * x["cache_hit_rate"], 1) for x in rows]
+    fig.add_trace(go.Bar(x=xs, y=hit, name="prefix-cache hit rate %", marker_color="#9ecae1",
+                         customdata=[[x["agents"], x["requests"]] for x in rows],
+                         hovertemplate="%{x}: %{y:.1f}% of prompt tokens cached (%{customdata[0]} agents, "
+                                       "%{customdata[1]} requests)<extra></extra>"), secondary_y=False)
+    for q, dash in (("ttft_p50_ms", "solid"), ("ttft_p99_ms", "dot")):
+        fig.add_trace(go.Scatter(x=xs, y=[x.get(q) for x in rows], name=f"time to first token {q[5:8]}",
+                                 mode="lines+markers", line=dict(color="#08519c", dash=dash),
+                                 hovertemplate=f"%{{x}}: {q[5:8]} %{{y:.1f}} ms<extra></extra>"), secondary_y=True)
+    fig.update_layout(template=TEMPLATE, height=400, margin=dict(l=60, r=60, t=50, b=50),
+                      title=dict(text="Prefix-cache hit rate and time to first token by prefix group", x=0.01),
+                      legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(title_text="% of prompt tokens cached", range=[0, 100], secondary_y=False)
+    fig.update_yaxes(title_text="ms", rangemode="tozero", secondary_y=True, showgrid=False)
     return fig
 
 

@@ -7,10 +7,11 @@ once, in the pass that also builds the summary: what the charts need of them is 
 `agentload.report.html_view.HtmlView` (a bounded lane sample, counters and bins).
 
 Contents, top to bottom: the verdict and its evidence, every other finding (ALSO) with its own
-(and a banner when the run was cut short), the run's settings, the agents' swim lanes, per-round phase percentiles, stall and
-error counts by round x phase, stall probability against prompt size, the run over time, the
-target's own metrics, and (a run with a fleet behind a router) the router section
-(`agentload.report.router_chart`). A run with scheduled faults has their windows shaded on every
+(and a banner when the run was cut short), the run's settings, the agents' swim lanes, per-round
+phase percentiles, (a run with prefix groups) each group's cache hit rate and time to first token,
+stall and error counts by round x phase, stall probability against prompt size, the run over time,
+the target's own metrics, and (a run with a fleet behind a router) the router section
+(`agentload.report.router_chart`, with the load imbalance over time). A run with scheduled faults has their windows shaded on every
 chart whose axis is time.
 
 This module lays out the page and its tables; the run's own figures are built in
@@ -32,12 +33,12 @@ from agentload.analysis.summary import tls_note
 from agentload.records import REPORT_PHASES
 from agentload.records.rundir import RunData
 from agentload.redact import redact
-from agentload.report.figures import fig_over_time, fig_prompt, fig_rounds, fig_timeline
+from agentload.report.figures import fig_groups, fig_over_time, fig_prompt, fig_rounds, fig_timeline
 from agentload.report.html_view import MAX_LANES, HtmlView, html_view  # noqa: F401  (MAX_LANES: tests)
 from agentload.report.markup import esc as _e
 from agentload.report.markup import ms as _ms
-from agentload.report.router_chart import (fault_windows, fig_router_inflight, fig_router_rounds, fig_router_share,
-                                           router_html)
+from agentload.report.router_chart import (fault_windows, fig_router_imbalance, fig_router_inflight, fig_router_rounds,
+                                           fig_router_share, router_html)
 from agentload.report.target_chart import fig_target_metrics
 from agentload.report.text import round_label
 from agentload.report.timeline import REQUEST_PHASES
@@ -70,6 +71,20 @@ def table_rounds(summary: dict[str, Any]) -> str:
                     f"<td>{r['errors']}</td><td>{r['stalled']}</td><td>{r.get('cut_short', 0)}</td>{''.join(cells)}</tr>")
     return (f"<table class='num'><thead><tr><th>round</th><th>requests</th><th>ok</th><th>errors</th>"
             f"<th>stalled</th><th>cut short</th>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def table_groups(summary: dict[str, Any]) -> str:
+    """Per prefix group: its agents, requests, cache hit rate and time to first token."""
+    rows = []
+    for g, x in (summary.get("groups") or {}).items():
+        hit = "not reported" if x.get("cache_hit_rate") is None else f"{100 * x['cache_hit_rate']:.0f}%"
+        rows.append(f"<tr><th>{_e(g)}</th><td>{x['agents']}</td><td>{x['completed']} / {x['requests']}</td>"
+                    f"<td>{hit}</td><td>{_ms(x.get('ttft_p50_ms'))} / {_ms(x.get('ttft_p99_ms'))}</td></tr>")
+    return ("<table class='num'><thead><tr><th>prefix group</th><th>agents</th><th>completed / requests</th>"
+            "<th>cache hit</th><th>first token p50 / p99 ms</th></tr></thead><tbody>" + "".join(rows)
+            + "</tbody></table><p class='note'>Agents of one group share a system prompt and tool list "
+            "([conversation] prefix_groups); cache hit: the prompt tokens the server says it served from its "
+            "cache, of the requests that report it; first token: request sent -> first token.</p>")
 
 
 def table_stalls(view: HtmlView) -> str:
@@ -253,12 +268,15 @@ def _page(data: RunData, summary: dict[str, Any], view: HtmlView | None) -> str:
     timeline, note, shown = fig_timeline(data, view, faults)
     rendered["fig-timeline"] = _figure_html(timeline, "fig-timeline")
     del timeline
-    makers: list[tuple[str, Any]] = [("fig-rounds", lambda: fig_rounds(summary)), ("fig-prompt", lambda: fig_prompt(view)),
+    makers: list[tuple[str, Any]] = [("fig-rounds", lambda: fig_rounds(summary)),
+                                     ("fig-groups", lambda: fig_groups(summary)),  # [conversation] prefix_groups
+                                     ("fig-prompt", lambda: fig_prompt(view)),
                                      ("fig-over-time", lambda: fig_over_time(data, view, faults)),
                                      # [target] metrics_urls: the router's/engines' own series
                                      ("fig-target", lambda: fig_target_metrics(data, faults=faults))]
     if summary.get("router"):
         makers += [("fig-router-share", lambda: fig_router_share(summary, faults)),
+                   ("fig-router-imbalance", lambda: fig_router_imbalance(summary, faults)),
                    ("fig-router-rounds", lambda: fig_router_rounds(summary)),
                    ("fig-router-inflight", lambda: fig_router_inflight(data, faults))]
     for fid, make in makers:
@@ -279,6 +297,7 @@ def _page(data: RunData, summary: dict[str, Any], view: HtmlView | None) -> str:
         + (f" <b>{_e(note)}.</b>" if note else "") + "</p>",
         rendered["fig-timeline"],
         "<h2>Per round</h2>", "<div class='scroll'>", table_rounds(summary), "</div>", rendered["fig-rounds"],
+        *(["<h2>Prefix groups</h2>", table_groups(summary), rendered["fig-groups"]] if "fig-groups" in rendered else []),
         "<h2>Stalls and errors by round x phase</h2>", table_stalls(view),
         "<h2>Stall probability against prompt size</h2>", rendered["fig-prompt"],
         "<h2>Over time</h2>", rendered["fig-over-time"],
@@ -286,7 +305,7 @@ def _page(data: RunData, summary: dict[str, Any], view: HtmlView | None) -> str:
            "(target_metrics.jsonl), on the same clock as the requests; dashed: agentload's own view.</p>",
            rendered["fig-target"]] if "fig-target" in rendered else []),
         *(["<h2>Router and backends</h2>", router_html(summary), rendered["fig-router-share"],
-           rendered["fig-router-rounds"], rendered.get("fig-router-inflight", "")] if summary.get("router") else []),
+           rendered.get("fig-router-imbalance", ""), rendered["fig-router-rounds"], rendered.get("fig-router-inflight", "")] if summary.get("router") else []),
         f"<p class='note'>Rebuild with <code>agentload report {_e(str(data.path.resolve()))}</code>; "
         f"{view.records:,} records, {len(data.samples):,} samples.</p>",
     ]

@@ -1,7 +1,7 @@
 """report.html's router section (the router soak bench): requests per backend and their share over
-time, prefix-cache hit rate and time to first token by round, the router's in-flight gauges beside
-agentload's own count, and the scheduled fault windows, drawn as shaded bands on every chart of
-the report whose axis is time (seconds since the run's t0).
+time, the load imbalance over time, prefix-cache hit rate and time to first token by round, the
+router's in-flight gauges beside agentload's own count, and the scheduled fault windows, drawn as
+shaded bands on every chart of the report whose axis is time (seconds since the run's t0).
 
 A renderer: everything comes from summary.json's `router` section (agentload.analysis.router),
 except the in-flight series, read from `RunData.target_metrics` and the samples.
@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from agentload.analysis.router import inflight_series
 from agentload.analysis.stats import fmt_ms
 from agentload.report.html_view import sample_series
-from agentload.report.text import fault_line, inflight_line, router_title
+from agentload.report.text import (conversations_line, fault_line, imbalance_line, inflight_line, router_time_lines,
+                                   router_title)
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -93,6 +94,55 @@ def fig_router_share(summary: dict[str, Any], windows: list[FaultWindow]):
     fig.update_xaxes(title_text="seconds since the run started", row=2, col=1)
     fig.update_yaxes(title_text="requests", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="% of requests", range=[0, 100], row=2, col=1)
+    return fig
+
+
+def fig_router_imbalance(summary: dict[str, Any], windows: list[FaultWindow]):
+    """Load imbalance over time: the busiest backend's share of each window's requests x the number
+    of backends (1.00: even, N: all on one), a step per window, beside the run's overall figure and
+    its worst window. None without requests to draw."""
+    import plotly.graph_objects as go
+
+    x = (summary.get("router") or {}).get("imbalance") or {}
+    ot = x.get("over_time")
+    if not ot or x.get("overall") is None:
+        return None
+    width, n, least = ot["width_s"], x["backends"], x["min_window_requests"]
+    values, requests = ot["values"], ot["requests"]
+    fig = go.Figure()
+    for counted in (True, False):
+        # a flat segment per window (a break between windows of the other kind or without requests)
+        xs: list[float | None] = []
+        ys: list[float | None] = []
+        cd: list[int | None] = []
+        for k, (v, req) in enumerate(zip(values, requests)):
+            if v is not None and (req >= least) == counted:
+                xs += [round(k * width, 3), round((k + 1) * width, 3), None]
+                ys += [v, v, None]
+                cd += [req, req, None]
+        if not xs:
+            continue
+        name = f"per {width:g} s window" if counted else f"window with under {least} requests (not counted)"
+        fig.add_trace(go.Scatter(x=xs, y=ys, name=name, mode="lines", customdata=cd,
+                                 line=dict(width=2 if counted else 1.5,
+                                           color="#1f77b4" if counted else UNATTRIBUTED_COLOR,
+                                           dash="solid" if counted else "dot"),
+                                 hovertemplate="+%{x} s: %{y:.2f} (%{customdata} requests)<extra></extra>"))
+    if x.get("window_max") is not None:
+        fig.add_trace(go.Scatter(x=[x["window_max_at_s"] + x["window_s"] / 2], y=[x["window_max"]], mode="markers",
+                                 name=f"worst {x['window_s']} s window: {x['window_max']:.2f}",
+                                 marker=dict(color=FAULT_COLOR, symbol="star", size=12),
+                                 hovertemplate="worst window: %{y:.2f}<extra></extra>"))
+    fig.add_hline(y=x["overall"], line=dict(color="#555", dash="dash"),
+                  annotation_text=f"overall {x['overall']:.2f} ({x['busiest']} busiest)",
+                  annotation_position="bottom right")
+    add_fault_bands(fig, windows)
+    fig.update_layout(template=TEMPLATE, height=380, margin=dict(l=60, r=40, t=80, b=50), showlegend=True,
+                      title=dict(text=f"Load imbalance over time: the busiest backend's share x {n} backends",
+                                 x=0.01),
+                      legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+    fig.update_xaxes(title_text="seconds since the run started", range=[0, len(values) * width])
+    fig.update_yaxes(title_text=f"1.00 = even, {n} = all on one", range=[0.9, n + 0.1])
     return fig
 
 
@@ -192,6 +242,8 @@ def router_html(summary: dict[str, Any]) -> str:
     if st.get("pairs"):
         items.append(f"stickiness: {_pct(st['share'])} ({st['same']} of {st['pairs']}) of consecutive rounds of a "
                      f"conversation went to the backend of the round before")
+    items += [line for line in (conversations_line(r.get("conversations")), imbalance_line(r.get("imbalance")),
+                                *router_time_lines(r.get("router_time"))) if line]
     items += [fault_line(f) for f in r.get("faults", [])]
     items += [inflight_line(x) for x in r.get("inflight", [])]
     if items:

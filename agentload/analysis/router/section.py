@@ -18,6 +18,8 @@ from agentload.records.fleet import arrival, log_lines
 # a window counts toward the imbalance when it has at least this many requests per backend (one
 # request alone is always a "hotspot")
 IMBALANCE_MIN_PER_BACKEND = 2
+# the imbalance over time is drawn with at most this many points (windows merged beyond)
+IMBALANCE_MAX_POINTS = 120
 # "kept routing there until the fault ended": an arrival at the faulty backend in the window's last
 # stretch: a tenth of the window, at least a second, at least three of the gaps between arrivals
 # there before the fault (a backend that got a request every 5 s is not abandoned by a 4 s gap),
@@ -45,10 +47,15 @@ def conversations(p: PassState) -> dict[str, Any]:
             "share": rate(one, multi), "mean_top_share": round(top_share / multi, 4) if multi else None}
 
 
+def hotspot(counts: Counter[str], backends: int) -> float:
+    """The busiest backend's share of these requests x the number of backends (1.00: even)."""
+    return round(max(counts.values()) / sum(counts.values()) * backends, 4)
+
+
 def imbalance(p: PassState) -> dict[str, Any]:
     """Load imbalance (vllm-router's hotspot): the busiest backend's share of the requests x the
     number of backends, overall and its worst IMBALANCE_WINDOW_S window (of those with at least
-    IMBALANCE_MIN_PER_BACKEND requests per backend)."""
+    IMBALANCE_MIN_PER_BACKEND requests per backend), and window by window (`over_time`)."""
     names = {b.name for b in p.backends if b.role == p.role} | set(p.load)
     n = len(names)
     total = sum(p.load.values())
@@ -63,17 +70,33 @@ def imbalance(p: PassState) -> dict[str, Any]:
     worst: tuple[float, int] | None = None
     for w in sorted(p.windows):
         c = p.windows[w]
-        wt = sum(c.values())
-        if wt < IMBALANCE_MIN_PER_BACKEND * n:
+        if sum(c.values()) < IMBALANCE_MIN_PER_BACKEND * n:
             continue
         out["windows"] += 1
-        v = round(max(c.values()) / wt * n, 4)
+        v = hotspot(c, n)
         if worst is None or v > worst[0]:
             worst = (v, w)
     if worst is not None:
         out["window_max"] = worst[0]
         out["window_max_at_s"] = worst[1] * IMBALANCE_WINDOW_S
+    out["over_time"] = imbalance_over_time(p, n)
     return out
+
+
+def imbalance_over_time(p: PassState, n: int) -> dict[str, Any]:
+    """The imbalance window by window from the run's start (report.html's chart): consecutive
+    IMBALANCE_WINDOW_S windows merged so there are at most IMBALANCE_MAX_POINTS; each point's
+    value (None: no request) and its requests (under `min_window_requests` it is not counted
+    toward the worst window)."""
+    window_ns = IMBALANCE_WINDOW_S * 1_000_000_000
+    last = max(max(p.windows, default=0), (p.run_end() - p.t0 - 1) // window_ns)
+    per = -(-(last + 1) // IMBALANCE_MAX_POINTS)  # windows per point
+    merged: list[Counter[str]] = [Counter() for _ in range(last // per + 1)]
+    for w, c in p.windows.items():
+        if w >= 0:
+            merged[w // per].update(c)
+    return {"width_s": IMBALANCE_WINDOW_S * per, "values": [hotspot(c, n) if c else None for c in merged],
+            "requests": [sum(c.values()) for c in merged]}
 
 
 def router_time(p: PassState) -> dict[str, Any]:
