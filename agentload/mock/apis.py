@@ -130,7 +130,7 @@ def from_messages(body: dict[str, Any]) -> dict[str, Any]:
             out.append({"role": "user", "content": "".join(text)})
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
-        kind = choice.get("type")
+        kind: Any = choice.get("type")
         choice = {"auto": "auto", "any": "required", "none": "none"}.get(kind) if kind != "tool" else \
             {"type": "function", "function": {"name": choice.get("name")}}
     chat: dict[str, Any] = {"model": body.get("model"), "messages": out, "max_tokens": body["max_tokens"],

@@ -43,18 +43,22 @@ _dumps = orjson.dumps
 
 
 class Exchange:
-    """One request on its way: aiohttp's request, its log record, the answer's headers, and its
-    body in chat's form (`body`) and as it came (`orig`: a Responses body's own fields)."""
+    """One request on its way: aiohttp's request, its log record, its id and the answer's headers,
+    its body in chat's form (`body`) and as it came (`orig`: a Responses body's own fields), its
+    round and prompt tokens once noted."""
 
-    __slots__ = ("request", "rec", "headers", "body", "orig")
+    __slots__ = ("request", "rec", "rid", "headers", "body", "orig", "round", "ptoks")
 
-    def __init__(self, request: web.Request, rec: Rec, headers: dict[str, str], body: dict[str, Any],
+    def __init__(self, request: web.Request, rec: Rec, rid: str, headers: dict[str, str], body: dict[str, Any],
                  orig: dict[str, Any]):
         self.request = request
         self.rec = rec
+        self.rid = rid
         self.headers = headers
         self.body = body
         self.orig = orig
+        self.round = 0
+        self.ptoks = 0
 
 
 class Answer:
@@ -142,7 +146,7 @@ class ChatHandler:
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             return self._error(400, "'tools' must be a list", headers, rec)
-        return Exchange(request, rec, headers, body, orig)
+        return Exchange(request, rec, rid, headers, body, orig)
 
     def _note(self, ex: Exchange) -> None:
         """The request's round (one more than the assistant messages it carries) and prompt tokens."""
@@ -152,9 +156,9 @@ class ChatHandler:
         for m in messages:
             if m.get("role") == "assistant":
                 round_ += 1
-        ex.rec.round = round_
+        ex.round = ex.rec.round = round_
         st.rounds_seen[round_] += 1
-        ptoks = ex.rec.ptoks = prompt_tokens(messages, ex.body.get("tools"))
+        ptoks = ex.ptoks = ex.rec.ptoks = prompt_tokens(messages, ex.body.get("tools"))
         if ptoks > st.max_prompt_tokens:
             st.max_prompt_tokens = ptoks
 
@@ -170,9 +174,9 @@ class ChatHandler:
         if self.live.fault == "errors":
             st.errors_injected += 1
             return self._error(self.live.error_status, "injected error (live fault)", ex.headers, rec)
-        if cfg.error_at_round == rec.round or (cfg.error_rate > 0 and self.fault_rng.random() < cfg.error_rate):
+        if cfg.error_at_round == ex.round or (cfg.error_rate > 0 and self.fault_rng.random() < cfg.error_rate):
             st.errors_injected += 1
-            return self._error(cfg.error_status, f"injected error (round {rec.round})", ex.headers, rec)
+            return self._error(cfg.error_status, f"injected error (round {ex.round})", ex.headers, rec)
         return None
 
     async def _admit(self, ex: Exchange) -> web.StreamResponse:
@@ -207,12 +211,12 @@ class ChatHandler:
 
     async def _serve(self, ex: Exchange) -> web.StreamResponse:
         cfg = self.cfg
-        if cfg.hang_above_tokens is not None and ex.rec.ptoks >= cfg.hang_above_tokens:
+        if cfg.hang_above_tokens is not None and ex.ptoks >= cfg.hang_above_tokens:
             self.stats.hung += 1
             return await self._cut_after_hang_s(ex, None)  # nothing at all is sent
         await self.live.until_running()  # a live hang: no headers until it ends
         answer = self._plan(ex)
-        faults = draw_faults(cfg, ex.rec.ptoks, self.fault_rng)
+        faults = draw_faults(cfg, ex.ptoks, self.fault_rng)
         if not ex.body.get("stream"):
             return await self._unary(ex, answer, faults)
         resp, frames = await self._open_stream(ex, answer)
@@ -227,19 +231,20 @@ class ChatHandler:
         cfg, body, rec = self.cfg, ex.body, ex.rec
         admitted = asyncio.get_running_loop().time()
         base = self.live.paused_s  # hangs from here on shift this request's schedule
-        rng = random.Random((cfg.seed << 32) ^ zlib.crc32(rec.rid.encode()))
+        rng = random.Random((cfg.seed << 32) ^ zlib.crc32(ex.rid.encode()))
         # chat's chunk deltas are chat's only: the other APIs frame the plan's message
-        plan = plan_answer(cfg, body, rec.round, rng, bool(body.get("stream")) and rec.api == "chat")
-        model = body.get("model") if isinstance(body.get("model"), str) else cfg.models[0]
+        plan = plan_answer(cfg, body, ex.round, rng, bool(body.get("stream")) and rec.api == "chat")
+        asked = body.get("model")
+        model = asked if isinstance(asked, str) else cfg.models[0]
         serial = f"{self._id_prefix}{self._ids:08x}"
         cid = f"chatcmpl-{serial}" if rec.api == "chat" else f"resp_{serial}"
         created = int(time.time())
         cached = None
         if self.cache is not None:
             chain = PrefixCache.chain(model, body.get("tools"), body["messages"])
-            cached = rec.cached = self.cache.admit(chain, rec.ptoks)
-        first_token_at = admitted + first_token_s(cfg, rec.ptoks, cached or 0, self.live.slow)
-        return Answer(plan, cid, created, model, usage(rec.ptoks, plan, cached), first_token_at, base)
+            cached = rec.cached = self.cache.admit(chain, ex.ptoks)
+        first_token_at = admitted + first_token_s(cfg, ex.ptoks, cached or 0, self.live.slow)
+        return Answer(plan, cid, created, model, usage(ex.ptoks, plan, cached), first_token_at, base)
 
     async def _open_stream(self, ex: Exchange, a: Answer) -> tuple[web.StreamResponse, Frames]:
         """Status, headers and the stream's opening (chat's role-only chunk) at once."""
@@ -449,8 +454,8 @@ def request_id(request: web.Request, body: dict[str, Any]) -> str | None:
 def protocol_violation(messages: list[dict[str, Any]]) -> bool:
     """True if a tool_call id is never answered by a later tool message, or a tool message
     answers an id no earlier assistant message announced (OpenAI rejects both with a 400)."""
-    pending: set[str] = set()
-    known: set[str] = set()
+    pending: set[Any] = set()  # ids as sent: a malformed call's may be None
+    known: set[Any] = set()
     bad = False
     for m in messages:
         role = m.get("role")

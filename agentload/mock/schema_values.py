@@ -57,8 +57,10 @@ def gen_value(schema: Any, rng: random.Random, depth: int = 0) -> Any:
 
 def _object(schema: dict[str, Any], rng: random.Random, depth: int) -> dict[str, Any]:
     """Every required property, and each optional one with even odds."""
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    props = schema.get("properties")
+    props = props if isinstance(props, dict) else {}
+    required = schema.get("required")
+    required = required if isinstance(required, list) else []
     out: dict[str, Any] = {}
     for name, sub in props.items():
         if name in required or rng.random() < 0.5:
