@@ -4,7 +4,6 @@ from the same run folders writes the same bytes (fixed div ids, nothing from the
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
 import plotly.graph_objects as go
@@ -13,9 +12,9 @@ from plotly.subplots import make_subplots
 
 from agentload.analysis.compare import PHASE_ROWS, fmt_value
 from agentload.records.phases import COMPARE_CDF_PHASES
+from agentload.report.markup import PLOT_CONFIG, TEMPLATE
+from agentload.report.markup import esc as _e
 
-PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
-TEMPLATE = "plotly_white"
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
 
@@ -34,10 +33,6 @@ ul.legend{font-size:12.5px;color:#444}ul.notes{color:#8a5300}
 .verdict .kind{font-family:monospace;font-weight:700;margin-right:6px}.verdict .name{font-family:monospace;color:#333}
 .note{color:#666;font-size:12px}.scroll{overflow-x:auto}
 """
-
-
-def _e(v: Any) -> str:
-    return html.escape("" if v is None else str(v))
 
 
 def _fig_html(fig: go.Figure, div_id: str) -> str:

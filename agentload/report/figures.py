@@ -19,6 +19,7 @@ from agentload.records import phases as phase_table
 from agentload.records.rundir import RunData
 from agentload.report.html_view import MAX_POINTS, MAX_TIMELINE_REQUESTS, HtmlView, sample_series
 from agentload.report.html_view import sec as _sec
+from agentload.report.markup import TEMPLATE
 from agentload.report.markup import esc as _e
 from agentload.report.markup import ms as _ms
 from agentload.report.router_chart import FaultWindow, add_fault_bands
@@ -31,7 +32,6 @@ PROMPT_BINS = 24
 # the phase table's colours and labels, then the timeline's gaps between requests
 COLORS = {**phase_table.COLORS, **GAP_COLORS}
 LABELS = {**phase_table.LABELS, **GAP_LABELS}
-TEMPLATE = "plotly_white"
 MARKS = ("stalled", "error", "cut_short")
 
 

@@ -1,4 +1,5 @@
-"""What report.html's tables and its figures' hover texts share: escaping and milliseconds."""
+"""What agentload's HTML pages (report.html, compare.html) share: escaping, milliseconds, the
+plotly template and the charts' toolbar."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import html
 from typing import Any
 
 from agentload.analysis.stats import fmt_ms
+
+TEMPLATE = "plotly_white"
+PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
 
 
 def esc(v: Any) -> str:

@@ -9,12 +9,13 @@ except the in-flight series, read from `RunData.target_metrics` and the samples.
 
 from __future__ import annotations
 
-import html
 from typing import TYPE_CHECKING, Any
 
 from agentload.analysis.router import inflight_series
 from agentload.analysis.stats import fmt_ms
 from agentload.report.html_view import sample_series
+from agentload.report.markup import TEMPLATE
+from agentload.report.markup import esc as _e
 from agentload.report.text import (conversations_line, fault_line, imbalance_line, inflight_line, router_time_lines,
                                    router_title)
 
@@ -23,17 +24,12 @@ if TYPE_CHECKING:
 
     from agentload.records.rundir import RunData
 
-TEMPLATE = "plotly_white"
 FAULT_COLOR = "#d62728"
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#aec7e8",
            "#ffbb78", "#98df8a", "#c5b0d5")
 UNATTRIBUTED_COLOR = "#bbbbbb"
 
 FaultWindow = tuple[float, float, str]  # (start s, end s, label)
-
-
-def _e(v: Any) -> str:
-    return html.escape("" if v is None else str(v))
 
 
 def fault_windows(summary: dict[str, Any]) -> list[FaultWindow]:
