@@ -1,6 +1,6 @@
 """One small supervisor for the child processes agentload, its tests and its benchmark start.
 
-Used by the embedded mock server (`agentload.mock.process`), `--workers` (`agentload.run.workers`),
+Used by the embedded mock server (`agentload.mock.process`), `--workers` (`agentload.cluster.processes`),
 the fleet's router (`agentload.fleet`), the servers the tests start (routers, proxies, llama.cpp)
 and the benchmark's server (`bench/run.py`):
 
