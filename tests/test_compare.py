@@ -238,3 +238,27 @@ def test_vary_values_split_outside_tables_and_best_marks():
                                           "limit=100,after_s=2"]
     assert variants[3].scenario.client.limit == 100 and variants[3].scenario.stall.after_s == 2.0
     assert len({v.scenario.workload_fingerprint() for v in variants}) == 1
+
+
+def test_routing_conclusions_name_the_run_that_kept_prefixes_together_and_the_one_that_balanced():
+    from agentload.analysis.compare import group_rows, routing_conclusions
+
+    def variant(name, hit, conv, imb, groups):
+        m = {"cache_hit_rate": hit, "conversation_stickiness": conv, "imbalance": imb}
+        for g, (gh, p50) in groups.items():
+            m.update({f"group{g}_cache_hit_rate": gh, f"group{g}_ttft_p50_ms": p50, f"group{g}_ttft_p99_ms": p50 * 2})
+        return {"name": name, "metrics": m}
+
+    vs = [variant("policy=round_robin", 0.36, 0.0, 1.02, {0: (0.38, 111.0), 10: (0.3, 90.0)}),
+          variant("policy=cache_aware", 0.76, 1.0, 1.62, {0: (0.76, 73.5)})]
+    lines = routing_conclusions(vs)
+    assert lines[0].startswith("kept prefixes together: policy=cache_aware (conversations on one backend 100%, "
+                               "cache hit rate 76%; policy=round_robin 36% hit rate)"), lines
+    assert lines[1].startswith("balanced load: policy=round_robin (imbalance 1.02"), lines
+    assert "policy=cache_aware 1.62" in lines[1]
+    # groups in numeric order, each with its hit rate and ttft rows, any run's groups
+    labels = [label for _, label, _ in group_rows(vs)]
+    assert labels == ["prefix group 0: cache hit rate", "prefix group 0: ttft p50 / p99 ms",
+                      "prefix group 10: cache hit rate", "prefix group 10: ttft p50 / p99 ms"]
+    # one run with router rows, or none: nothing to conclude
+    assert routing_conclusions(vs[:1]) == [] and routing_conclusions([{"name": "x", "metrics": {}}] * 2) == []
