@@ -62,15 +62,24 @@ MAX_BODY_BYTES = 256 * 1024 * 1024  # a harness's request body (a long conversat
 
 
 class DownstreamTap:
-    """Carries the upstream answer on to the harness as it arrives (`request.send`'s tap)."""
+    """Carries the upstream answer on to the harness as it arrives (`request.send`'s tap).
 
-    __slots__ = ("request", "trace", "resp", "gone")
+    Each block is written on in the call that read it (on the upstream parser's hook: no task
+    wake-up, no await) by driving `StreamResponse.write` one step: it hands the block to the
+    harness's transport and completes at once, unless the transport's buffer is above its
+    high-water mark (the harness reads slower than the server sends). Then the write's remaining
+    step (its wait for the drain) goes to a task, and the upstream's reading is held until it is
+    done, so the proxy never buffers more than one read beyond the mark and blocks stay in order."""
+
+    __slots__ = ("request", "trace", "resp", "gone", "upstream", "held")
 
     def __init__(self, request: web.Request, trace: Trace):
         self.request = request
         self.trace = trace
         self.resp: web.StreamResponse | None = None
         self.gone = False
+        self.upstream: Any = None  # the upstream response (its connection's reading is held under backpressure)
+        self.held: asyncio.Task | None = None  # a write waiting for the harness's transport to drain
 
     async def head(self, upstream: Any) -> None:
         resp = web.StreamResponse(status=upstream.status, reason=getattr(upstream, "reason", None))
@@ -78,24 +87,70 @@ class DownstreamTap:
             if k.lower() not in _NOT_DOWNSTREAM:
                 resp.headers.add(k, v)
         self.resp = resp
-        await self._io(resp.prepare(self.request))
+        self.upstream = upstream
+        try:
+            await resp.prepare(self.request)
+        except (ConnectionError, aiohttp.ClientConnectionResetError):
+            self.gone = True
+            raise
         self.trace.t["down_headers"] = _now()
 
-    async def data(self, block: bytes) -> None:
-        if self.resp is None or not block:
+    def write(self, block: bytes) -> None:
+        resp = self.resp
+        if resp is None or not block:
             return
-        await self._io(self.resp.write(block))
+        step = resp.write(block)
+        try:
+            waiting = step.send(None)
+        except StopIteration:
+            pass  # written, no wait: the usual case
+        except (ConnectionError, aiohttp.ClientConnectionResetError):
+            self.gone = True
+            raise
+        else:  # the block is with the transport; the write waits for its buffer to drain
+            self._hold(step, waiting)
         t = self.trace.t
         t["down_end"] = now = _now()  # (the last block's: the record is written when the upstream body ends)
         if "first_token" in t and "down_first_token" not in t:
             t["down_first_token"] = now
 
-    async def _io(self, aw: Any) -> None:
+    def _hold(self, step: Any, waiting: Any) -> None:
+        """Backpressure: the upstream's reading paused until `step` (the write) has finished."""
+        conn = getattr(self.upstream, "connection", None)
+        transport = conn.transport if conn is not None else None
+        content = getattr(self.upstream, "content", None)
+        if transport is not None and content is not None and content.is_eof():
+            transport = None  # the body has ended (its connection may be back in the pool): nothing to hold
+        if transport is not None:
+            transport.pause_reading()
+        self.held = asyncio.get_running_loop().create_task(self._finish(step, waiting, transport))
+
+    async def _finish(self, step: Any, waiting: Any, transport: Any) -> None:
         try:
-            await aw
+            while True:  # resume the write each time what it waits on is done, as its own task would
+                if waiting is None:  # (a bare yield: one loop step)
+                    await asyncio.sleep(0)
+                else:
+                    await asyncio.wait((waiting,))
+                try:
+                    waiting = step.send(None)
+                except StopIteration:
+                    return
         except (ConnectionError, aiohttp.ClientConnectionResetError):
-            self.gone = True
-            raise
+            self.gone = True  # (the next write, or the end, fails on the closed transport)
+        finally:
+            step.close()
+            if transport is not None and not transport.is_closing():
+                transport.resume_reading()
+
+    async def flush(self) -> None:
+        """What a held write still owes (its drain), once the body has ended."""
+        held = self.held
+        if held is not None:
+            self.held = None
+            await held
+        if self.gone:
+            raise aiohttp.ClientConnectionResetError("the harness closed its connection")
 
     def client_gone(self) -> bool:
         """The harness closed its connection (the request's give-up was its own)."""

@@ -16,7 +16,7 @@ import re
 import time
 import uuid
 from hashlib import sha1 as _sha1
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import aiohttp
 
@@ -93,11 +93,16 @@ def _decode_refused(e: aiohttp.ClientResponseError) -> Result | None:
 
 
 class Tap(Protocol):
-    """Where a response goes on as it arrives (`send`'s `tap`)."""
+    """Where a response goes on as it arrives (`send`'s `tap`): its head, then each block of its
+    body as read, `write` being called right where the block arrives (on the parser's hook, before
+    any other task runs: it must not wait; under backpressure it holds the upstream's reading),
+    and `flush` once the body has ended (what a held write still owes)."""
 
     async def head(self, resp: aiohttp.ClientResponse) -> None: ...
 
-    async def data(self, block: bytes) -> None: ...
+    def write(self, block: bytes) -> None: ...
+
+    async def flush(self) -> None: ...
 
     def client_gone(self) -> bool: ...
 
@@ -146,7 +151,7 @@ async def send(session: aiohttp.ClientSession, url: str, body: "bytes | Conversa
 
     `done_grace_s`: how long past a stream's [DONE] its body's end is waited for (`SSEBody`).
     `tap`: where the response goes on as it arrives (`agentload proxy`: to the harness), its head
-    first, then every block of its body as read (the general read path: one task wake-up a read).
+    first, then every block of its body as read (`Tap`).
     `stream_cls`: the reader of the answer in the request's API (`apis.<api>.Stream`; chat's by default).
 
     `stream`: whether the body asks for a stream (None: read from the body, `wants_stream`).
@@ -245,7 +250,8 @@ async def _error_answer(session: aiohttp.ClientSession, resp: aiohttp.ClientResp
     raw = await resp.read()
     trace.t["end"] = _now()
     if tap is not None:
-        await tap.data(raw)
+        tap.write(raw)
+        await tap.flush()
     if not raw.strip():
         return Result(status, None, f"http_{status}", empty_error_hint(status, session, id_header), _retry_after(resp))
     # redacted before it is cut: a server that echoes the key must not leave a tail of it
@@ -262,7 +268,8 @@ async def _whole_answer(resp: aiohttp.ClientResponse, body: "bytes | Conversatio
     raw = await resp.read()
     now = _now()
     if tap is not None:
-        await tap.data(raw)
+        tap.write(raw)
+        await tap.flush()
     t["first_byte"] = t.get("first_byte", now)
     trace.bytes_in += len(raw)
     if stream is None:
@@ -317,24 +324,31 @@ async def _read_stream(resp: aiohttp.ClientResponse, trace: Trace, tap: "Tap | N
 
 async def _read_body(resp: aiohttp.ClientResponse, reader: SSEBody, tap: "Tap | None", done_grace_s: float) -> None:
     """Every block of the body to `reader.feed`: on the parser's hook (`read_body`), else one task
-    wake-up per read; through `agentload proxy` (`tap`) each block also goes on to the tap as it came."""
+    wake-up per read; through `agentload proxy` (`tap`) each block also goes on to the tap as it came,
+    in the same call."""
     content = resp.content
-    if tap is not None:  # (the harness reads the body as the server ends it: no grace past [DONE] here)
-        while True:
+    conn = resp.connection
+    feed: Callable[[bytes, int], None] = reader.feed
+    if tap is None:
+        reader.watch(content, conn, done_grace_s)
+    else:  # (the harness reads the body as the server ends it: no grace past [DONE] here)
+        feed = _tee(feed, tap.write)
+    if not await read_body(content, feed, conn.protocol if conn is not None else None, reader.last_byte_ns):
+        while True:  # the general path: any StreamReader, one task wake-up per read
             data = await content.readany()
             if not data:
-                return
-            reader.feed(data)
-            await tap.data(data)
-    conn = resp.connection
-    reader.watch(content, conn, done_grace_s)
-    if await read_body(content, reader.feed, conn.protocol if conn is not None else None, reader.last_byte_ns):
-        return
-    while True:  # the general path: any StreamReader, one task wake-up per read
-        data = await content.readany()
-        if not data:
-            return
-        reader.feed(data)
+                break
+            feed(data, 0)
+    if tap is not None:
+        await tap.flush()
+
+
+def _tee(feed: Callable[[bytes, int], None], write: Callable[[bytes], None]) -> Callable[[bytes, int], None]:
+    """A read to the reader (its stamps first: the tap's first-token stamp reads them), then to the tap."""
+    def both(data: bytes, now: int = 0) -> None:
+        feed(data, now)
+        write(data)
+    return both
 
 
 def classify_exception(e: BaseException) -> tuple[str, str]:
