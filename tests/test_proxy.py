@@ -10,13 +10,16 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
 import pytest
 
+from agentload.analysis.summary import LOOP_LAG_WARN_MS
 from agentload.mock.config import MockConfig
 from agentload.mock.process import MockProcess
 from agentload.process import ChildProcess
@@ -339,3 +342,72 @@ def test_a_request_whose_conversation_cannot_be_read_is_forwarded_and_recorded_n
         if f.is_file():
             assert KEY.encode() not in f.read_bytes(), f.name
     assert code == 1, text
+
+
+def _dechunk(body: bytes) -> bytes:
+    """An HTTP/1.1 chunked body's data (raises on a body cut before its last chunk)."""
+    out, i = bytearray(), 0
+    while True:
+        j = body.index(b"\r\n", i)
+        size = int(body[i:j].split(b";")[0], 16)
+        if size == 0:
+            assert body[j:] == b"\r\n\r\n", body[j:j + 40]
+            return bytes(out)
+        out += body[j + 2:j + 2 + size]
+        assert body[j + 2 + size:j + 4 + size] == b"\r\n"
+        i = j + 4 + size
+
+
+def test_a_harness_that_reads_slower_than_the_server_sends_gets_the_whole_answer_in_order(tmp_path):
+    # an answer of megabytes, a harness that reads nothing for a while and then slowly: the proxy's
+    # writes to it back up past the transport's high-water mark, so the upstream's reading is held
+    m = MockProcess.start(MockConfig(output_tokens=15000, decode_tokens_per_s=0, tool_call_rate=0.0))
+    out = tmp_path / "run"
+    child, port = start_proxy(m.url, out)
+    try:
+        body = orjson.dumps({"model": "mock-model", "stream": True,
+                             "messages": [{"role": "user", "content": "Write a long story."}]})
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.settimeout(30)
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+                      b"Authorization: Bearer %b\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%b"
+                      % (KEY.encode(), len(body), body))
+            time.sleep(1.0)
+            got = bytearray()
+            while chunk := s.recv(16384):
+                got += chunk
+                if len(got) < 1 << 20:
+                    time.sleep(0.001)
+    finally:
+        code, text = stop_proxy(child)
+        m.stop()
+    head, _, rest = bytes(got).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower(), head
+    events = [e for e in _dechunk(rest).split(b"\n\n") if e.strip()]
+    assert events[-1] == b"data: [DONE]" and len(rest) > 2 << 20, (len(rest), events[-1][:80])
+    chunks = [orjson.loads(e.removeprefix(b"data: ")) for e in events[:-1]]
+    text_chunks = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    recs = [r for r in records(out) if r["kind"] == "agent"]
+    assert len(recs) == 1 and recs[0]["outcome"] == "ok", recs
+    assert recs[0]["token_chunks"] == len(text_chunks) and recs[0]["chunks"] == len(events), recs[0]  # ([DONE] too)
+    t = recs[0]["t"]
+    assert t["down_headers"] <= t["down_first_token"] <= t["down_end"] and t["first_token"] <= t["down_first_token"]
+    assert code == 0, text
+
+
+def test_a_proxy_whose_event_loop_lags_says_so_in_its_report(mock, tmp_path):
+    out = tmp_path / "run"
+    child, port = start_proxy(mock.url, out)
+    try:
+        assert asyncio.run(harness(port, "a", 1)) == ["round 1: tool_calls"]
+        os.kill(child.pid, signal.SIGSTOP)  # its loop cannot run: every timer on it fires late
+        time.sleep(0.5)
+        os.kill(child.pid, signal.SIGCONT)
+        time.sleep(1.5)  # a one-second sample takes the lag in
+    finally:
+        code, text = stop_proxy(child)
+    s = orjson.loads((out / "summary.json").read_bytes())
+    assert any(w.startswith("agentload's event loop lagged up to") for w in s["warnings"]), s["warnings"]
+    assert orjson.loads((out / "run.json").read_bytes())["max_loop_lag_ms"] >= LOOP_LAG_WARN_MS, text
