@@ -69,7 +69,9 @@ class DownstreamTap:
     harness's transport and completes at once, unless the transport's buffer is above its
     high-water mark (the harness reads slower than the server sends). Then the write's remaining
     step (its wait for the drain) goes to a task, and the upstream's reading is held until it is
-    done, so the proxy never buffers more than one read beyond the mark and blocks stay in order."""
+    done, so the proxy never buffers more than one read beyond the mark and blocks stay in order.
+    The block of the read that ended the upstream body goes with the body's end (one write, not
+    two); a body that broke never ends downstream either (`Proxy.handle` closes the connection)."""
 
     __slots__ = ("request", "trace", "resp", "gone", "upstream", "held")
 
@@ -99,7 +101,9 @@ class DownstreamTap:
         resp = self.resp
         if resp is None or not block:
             return
-        step = resp.write(block)
+        body = getattr(self.upstream, "content", None)
+        # the read that ended the upstream body: its block and the body's end in one write
+        step = resp.write_eof(block) if body is not None and body.is_eof() else resp.write(block)
         try:
             waiting = step.send(None)
         except StopIteration:
