@@ -27,11 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-
 from agentload.analysis.compare import SETTING_SECTIONS
 from agentload.errors import UserError
 from agentload.run.scenario import Scenario, load_scenario
-
 
 # ---------------------------------------------------------------- --vary parsing and variants
 

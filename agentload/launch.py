@@ -212,10 +212,9 @@ def proxy_to_dir(sc: Scenario, run_dir: Path, upstream: str, *, host: str = "127
     every report. `on_listening(host, port)` is called once the socket is bound (tests, a harness to start)."""
     import dataclasses
     import socket
+    from urllib.parse import urlsplit
 
     from agentload.proxy.drive import drive
-
-    from urllib.parse import urlsplit
 
     parts = urlsplit(upstream)
     if parts.scheme not in ("http", "https") or not parts.hostname:

@@ -16,14 +16,13 @@ A leaf module: it imports nothing of agentload but errors.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 import dataclasses
 import functools
 import math
 import tomllib
 import types
 import typing
+from abc import ABC, abstractmethod
 from typing import Any, Iterable, Literal, Mapping, NoReturn
 
 from agentload.errors import ScenarioError

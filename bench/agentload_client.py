@@ -99,8 +99,8 @@ def bench_scenario(url: str, concurrency: int, rounds: int, extra: list[str]):
 
 def run(url: str, concurrency: int, rounds: int, out: Path, extra: list[str], workers: int = 1,
         live: bool = False, label: str = "agentload") -> dict:
-    from agentload.records.rundir import load_run
     from agentload.analysis.summary import build_summary
+    from agentload.records.rundir import load_run
     from agentload.run.executor import prepare
     from agentload.run.runner import InProcess
 

@@ -101,9 +101,9 @@ def bare_agentload(url: str, conc: int, rounds: int) -> int:
     """agentload's run as bench/agentload_client.py makes it, minus reading the records back and
     the summary (their cost grows with the records, and would be counted as the requests').
     Returns the records written."""
-    from bench.agentload_client import bench_scenario
     from agentload.run.executor import prepare
     from agentload.run.runner import InProcess
+    from bench.agentload_client import bench_scenario
 
     sc = bench_scenario(url, conc, rounds, [])
     with tempfile.TemporaryDirectory(prefix="agentload-callgrind-") as d:

@@ -34,6 +34,7 @@ import orjson
 from agentload.process import ChildProcess
 from bench.harness import REPO, bench_env, cpu_s, pct
 
+
 def _client(url: str, streams: int, rounds: int, out: Path) -> dict:
     res = out.with_suffix(".json")
     subprocess.run([sys.executable, "-m", "bench.agentload_client", "--url", url, "--concurrency", str(streams),

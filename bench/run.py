@@ -41,6 +41,7 @@ import orjson
 from agentload.atomic import write_atomic
 from bench.harness import Server, client, cpus, machine, pct, took
 
+
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Of several runs of one client, the one with the median requests per CPU-second (all its
     figures from that one run); its `reps_per_core` lists every run's figure."""

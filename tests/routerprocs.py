@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from agentload.process import Listening, start_listening
-
 from serverprocs import Server
 from smgproc import RouterProcess, executable
 

@@ -16,7 +16,6 @@ from typing import Any
 
 from agentload.fleet.fleet import router_ready
 from agentload.process import start_listening
-
 from serverprocs import Server
 
 READY_TIMEOUT_S = 45.0

@@ -28,9 +28,8 @@ from aiohttp import web
 from agentload.mock import MockConfig, MockProcess
 from agentload.records import load_records
 from agentload.tokens import prompt_tokens
-
 from fakeserver import FakeServer, sse_response
-from helpers import run_scenario, hung_probes
+from helpers import hung_probes, run_scenario
 
 APIS = ("chat", "messages", "responses")
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
@@ -525,10 +524,9 @@ def test_through_smg_each_api(tmp_path, api):
 def test_llama_server_each_api(tmp_path, api):
     """llama-server serves /v1/messages and /v1/responses too: a scripted run in each API is healthy, its
     usage read into the same fields (the server's prompt count, cached tokens from its prefix cache)."""
+    import test_llama_server as lls
     from llamacppproc import model_path
     from llamaserverproc import LlamaServerProc, need_llama_server
-
-    import test_llama_server as lls
     need_llama_server()
     srv = LlamaServerProc.start(model_path(), tmp_path / "llama-server.log")
     try:

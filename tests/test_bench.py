@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
-
 import os
 import shutil
 import subprocess
 import sys
 
 import orjson
+import pytest
 
 from helpers import REPO
 

@@ -7,8 +7,22 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentload.run.chat_stream import BAD_JSON, DONE, ERROR, FINISH, TOKEN, USAGE, ChatStream
-from agentload.run.sse import DATA, ERROR_EVENT, SSEDecoder, encode_comment, encode_event
+from agentload.run.chat_stream import (
+    BAD_JSON,
+    DONE,
+    ERROR,
+    FINISH,
+    TOKEN,
+    USAGE,
+    ChatStream,
+)
+from agentload.run.sse import (
+    DATA,
+    ERROR_EVENT,
+    SSEDecoder,
+    encode_comment,
+    encode_event,
+)
 
 
 def chunk(delta=None, finish=None, *, choices=None, **extra) -> bytes:

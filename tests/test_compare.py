@@ -11,16 +11,15 @@ import pytest
 
 from agentload import compare as cmp
 from agentload.analysis import compare as cmp_math
-from agentload.report import compare_text
 from agentload.errors import UserError
 from agentload.mock.config import MockConfig
 from agentload.mock.process import MockProcess
 from agentload.records import Record, Trace
 from agentload.records.rundir import load_run
+from agentload.report import compare_text
 from agentload.run.request import classify_exception, send
 from agentload.run.scenario import ClientConfig, TargetConfig
 from agentload.run.transport import Transport
-
 from helpers import cli
 
 pytestmark = pytest.mark.slow  # real runs of several seconds each: not in the fast tier

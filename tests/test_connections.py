@@ -20,7 +20,6 @@ from aiohttp import web
 from agentload.launch import run_to_dir
 from agentload.records import load_records
 from agentload.run.scenario import load_scenario
-
 from fakeserver import DONE, FakeServer, chunk
 
 CLOSE_AFTER_S = 0.15  # the server closes the connection this long after each streamed answer

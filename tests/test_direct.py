@@ -23,7 +23,6 @@ from agentload.errors import UserError
 from agentload.records import Trace
 from agentload.run.scenario import ClientConfig, TargetConfig
 from agentload.run.transport import Transport
-
 from fakeserver import DONE, FakeServer, chunk, sse_response
 
 BODY = orjson.dumps({"model": "fake", "stream": True, "max_tokens": 4,

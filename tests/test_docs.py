@@ -6,10 +6,9 @@ from __future__ import annotations
 import re
 import sys
 
-from helpers import REPO
-
 from agentload.run.scenario import SECTIONS, Scenario, load_scenario
 from agentload.validate import checks_of
+from helpers import REPO
 
 sys.path.insert(0, str(REPO / "tools"))
 import scenario_reference  # noqa: E402

@@ -20,10 +20,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from agentload.run import direct, transport
-
 from agentload.records import load_records
-
+from agentload.run import direct, transport
 from fakeserver import DONE, FakeServer, chunk, sse_response
 from helpers import run_scenario
 

@@ -20,10 +20,9 @@ from aiohttp import web
 from agentload import redact
 from agentload.launch import run_to_dir
 from agentload.records import load_records
-from agentload.report.build import write_reports
 from agentload.records.rundir import load_run
+from agentload.report.build import write_reports
 from agentload.run.scenario import load_scenario
-
 from fakeserver import DONE, FakeServer, chunk, sse_response
 from helpers import cli, run_scenario
 

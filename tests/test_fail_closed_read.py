@@ -15,7 +15,6 @@ import pytest
 from aiohttp import web
 
 from agentload.records import load_records
-
 from fakeserver import DONE, FakeServer, chunk, sse_response
 from helpers import run_scenario
 

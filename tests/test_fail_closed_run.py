@@ -8,24 +8,22 @@ made in-process with monkeypatch.
 
 from __future__ import annotations
 
-import pytest
-
 import asyncio
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import orjson
+import pytest
 from aiohttp import web
 
 import agentload.run.agent as agent_mod
 import agentload.run.arrivals as arrivals
 import agentload.run.runner as runner
+from agentload.cluster.shards import merge_meta
 from agentload.records import load_records
 from agentload.report.build import write_reports
 from agentload.run.executor import prepare
 from agentload.run.scenario import load_scenario
-from agentload.cluster.shards import merge_meta
-
 from fakeserver import DONE, FakeServer, chunk, sse_response
 
 RUN_BOUND_S = 60

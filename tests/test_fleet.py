@@ -15,10 +15,9 @@ import orjson
 import pytest
 
 from agentload.records import load_records
-
 from helpers import run_scenario
-from smgproc import smg_executable
 from routerprocs import executable
+from smgproc import smg_executable
 
 pytestmark = [pytest.mark.smg]
 
@@ -215,8 +214,8 @@ def test_litellm_already_running_in_front_of_the_fleet_keeps_attribution(tmp_pat
     """The other mode: the router runs already (no [router] command); the fleet's backends listen on
     fixed ports the router was configured with. LiteLLM re-encodes every chunk: the backend's name
     must survive that (system_fingerprint), else the request log join gives it."""
-    from routerprocs import LiteLLMProcess, litellm_executable
     from agentload.process import free_port
+    from routerprocs import LiteLLMProcess, litellm_executable
 
     assert litellm_executable() or not os.environ.get("CI"), "LiteLLM's proxy is missing (.ci/run installs it)"
     if litellm_executable() is None:

@@ -10,7 +10,6 @@ import pytest
 from agentload.errors import ScenarioError
 from agentload.fleet.fleet import Fleet
 from agentload.run.scenario import load_scenario
-
 from helpers import cli
 
 BASE = """

@@ -33,7 +33,6 @@ import pytest
 from agentload.mock.config import MockConfig
 from agentload.records import load_records
 from agentload.records.target_metrics import load_target_metrics
-
 from helpers import run_scenario
 from routerprocs import LiteLLMProcess, litellm_skip_reason
 from serverprocs import router_stack

@@ -11,13 +11,20 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from rich.console import Console
 
-from agentload.run.context import AgentState
+from agentload.records import Trace
 from agentload.run import dump
+from agentload.run.context import AgentState
 from agentload.run.dump import StallWaves, format_dump, format_dump_sliced
 from agentload.run.exporter import LiveCollector
-from agentload.run.live import LiveLine, PlainLive, Rates, RichLive, plain_line, rich_view
+from agentload.run.live import (
+    LiveLine,
+    PlainLive,
+    Rates,
+    RichLive,
+    plain_line,
+    rich_view,
+)
 from agentload.run.snapshot import SnapshotFeed, scan
-from agentload.records import Trace
 from devtools import check_page_sync, find_chromium
 
 

@@ -23,7 +23,6 @@ import pytest
 from agentload.launch import run_to_dir
 from agentload.records import load_records
 from agentload.run.scenario import load_scenario
-
 from llamacppproc import model_path
 from llamaserverproc import LlamaServerProc, need_llama_server
 from serverprocs import paused_after_round

@@ -27,7 +27,6 @@ import pytest
 from agentload.launch import run_to_dir
 from agentload.records import load_records
 from agentload.run.scenario import load_scenario
-
 from llamacppproc import Servers, model_path, need_llamacpp
 from serverprocs import paused_after_round
 

@@ -17,15 +17,14 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agentload.analysis.intervals import interval_table, load_intervals, window
 from agentload.mock.config import MockConfig
 from agentload.mock.process import MockProcess
 from agentload.process import free_port, http_get
 from agentload.records import load_records, phase_ns
-from agentload.analysis.intervals import interval_table, load_intervals, window
 from agentload.run.executor import prepare
 from agentload.run.runner import InProcess
 from agentload.run.scenario import load_scenario
-
 from helpers import REPO, cli, run_scenario
 
 pytestmark = pytest.mark.slow  # signals, durations and exporters: real runs of seconds each

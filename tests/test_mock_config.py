@@ -131,8 +131,9 @@ def test_cli_rejects_bad_config_on_one_line():
 
 
 def _repo_root():
-    import agentload
     from pathlib import Path
+
+    import agentload
     return Path(agentload.__file__).resolve().parents[1]
 
 

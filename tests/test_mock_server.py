@@ -11,7 +11,8 @@ import aiohttp
 import openai
 import orjson
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentload.mock import MockConfig, MockProcess
 from agentload.mock.handler import protocol_violation

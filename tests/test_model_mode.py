@@ -13,7 +13,6 @@ from agentload.mock.config import MockConfig
 from agentload.mock.plan import plan_answer
 from agentload.records import load_records
 from agentload.run.conversation import tool_schemas
-
 from helpers import cli, run_scenario
 
 # 3 agents x 3 rounds in mode model against a mock that never calls a tool; its 32-token answer is

@@ -24,7 +24,8 @@ pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
 
 from aiohttp import web  # noqa: E402
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: E402
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status  # noqa: E402
 

@@ -14,9 +14,8 @@ import zipfile
 import orjson
 import pytest
 
-from helpers import REPO, cli
-
 import agentload
+from helpers import REPO, cli
 
 
 def test_version_prints_the_packages_version():

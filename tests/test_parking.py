@@ -20,11 +20,10 @@ import agentload.run.request as rq
 from agentload.mock import MockConfig, MockProcess
 from agentload.records import Trace, load_records
 from agentload.run.conversation import Conversation, agent_rng
-from agentload.run.request_body import ConversationBody
 from agentload.run.dist import const
+from agentload.run.request_body import ConversationBody
 from agentload.run.scenario import ClientConfig, ConversationConfig, TargetConfig
 from agentload.run.transport import Transport
-
 from helpers import run_scenario
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=200)

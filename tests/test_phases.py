@@ -10,7 +10,6 @@ import re
 from agentload.records import PHASES, REPORT_PHASES, STAMPS, Record, phase_at, phase_ns
 from agentload.records import phases as ph
 from agentload.records.record import Trace
-
 from helpers import REPO
 
 

@@ -22,7 +22,6 @@ from agentload.mock import MockConfig, MockProcess
 from agentload.records import Trace, load_records
 from agentload.run.scenario import ClientConfig, TargetConfig
 from agentload.run.transport import Transport
-
 from helpers import run_scenario
 
 BODY = orjson.dumps({"model": "mock-model", "stream": True, "max_tokens": 4,

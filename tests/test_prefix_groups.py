@@ -8,9 +8,9 @@ import re
 import orjson
 import pytest
 
+from agentload.report.build import write_reports
 from agentload.run.conversation import Conversation, agent_rng, tool_schemas
 from agentload.run.scenario import load_scenario
-from agentload.report.build import write_reports
 from helpers import run_scenario
 from records_factory import RunBuilder
 

@@ -29,9 +29,15 @@ import time
 import psutil
 import pytest
 
-from agentload.atomic import write_atomic
 import agentload.process as process
-from agentload.process import ChildProcess, NotReady, free_port, start_listening, wait_lines
+from agentload.atomic import write_atomic
+from agentload.process import (
+    ChildProcess,
+    NotReady,
+    free_port,
+    start_listening,
+    wait_lines,
+)
 
 PY = sys.executable
 

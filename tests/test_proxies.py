@@ -18,7 +18,6 @@ import pytest
 
 from agentload.mock.config import MockConfig
 from agentload.records import load_records
-
 from helpers import run_scenario
 from proxyprocs import SSE_LOCATION, HaproxyProcess, NginxProcess, proxy_skip_reason
 from serverprocs import RouterStack

@@ -14,7 +14,6 @@ from agentload.launch import run_to_dir
 from agentload.records import load_records
 from agentload.run.request import retry_after_s
 from agentload.run.scenario import load_scenario
-
 from fakeserver import DONE, FakeServer, chunk, sse_response
 
 GOOD = [chunk({"role": "assistant", "content": ""}), chunk({"content": "hi"}), chunk({}, "stop"), DONE]

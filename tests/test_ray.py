@@ -19,7 +19,6 @@ import pytest
 
 from agentload.records import load_records
 from agentload.records.rundir import load_run
-
 from helpers import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]

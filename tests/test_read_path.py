@@ -25,17 +25,15 @@ import aiohttp
 import aiohttp.web
 import orjson
 import pytest
-
-import agentload.run.request as rq
 from aiohttp.streams import StreamReader
 
-from agentload.mock import MockConfig, MockProcess
+import agentload.run.request as rq
 from agentload.errors import UserError
+from agentload.mock import MockConfig, MockProcess
 from agentload.records import Record, Trace, load_records
 from agentload.run import body_sink, transport
-from agentload.run.transport import Transport
 from agentload.run.scenario import ClientConfig, TargetConfig
-
+from agentload.run.transport import Transport
 from fakeserver import DONE, FakeServer, chunk, sse_response
 from helpers import run_scenario
 

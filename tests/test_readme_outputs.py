@@ -14,7 +14,6 @@ from helpers import REPO
 sys.path.insert(0, str(REPO / "tools"))
 import readme_outputs  # noqa: E402
 
-
 # one width for rich's tables, whatever the terminal the tests run in
 ENV = dict(os.environ, COLUMNS="100", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
 

@@ -122,6 +122,7 @@ def test_a_capture_that_hung_hangs_again_in_the_same_round_and_phase(tmp_path):
 @pytest.mark.slow
 def test_a_capture_with_bodies_is_replayed_verbatim_and_keeps_no_secret(tmp_path):
     import openai
+
     from test_proxy import KEY, start_proxy, stop_proxy
 
     mock = MockProcess.start(MockConfig(tool_call_rounds=2, output_tokens=8, decode_tokens_per_s=2000))

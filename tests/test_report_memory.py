@@ -17,7 +17,6 @@ import orjson
 from agentload.analysis.summary import build_summary, summary_pass
 from agentload.records.rundir import load_run
 from agentload.report.build import write_reports
-
 from records_factory import RunBuilder
 
 AGENTS = 2

@@ -24,12 +24,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from agentload.report.build import write_reports
-from devtools import check_page_sync, find_chromium
-from agentload.report.html import MAX_LANES, write_html
-from agentload.records.rundir import RunData, load_run
 from agentload.analysis.summary import build_summary
-
+from agentload.records.rundir import RunData, load_run
+from agentload.report.build import write_reports
+from agentload.report.html import MAX_LANES, write_html
+from devtools import check_page_sync, find_chromium
 from helpers import REPO, cli, run_scenario
 from records_factory import RunBuilder
 

@@ -15,7 +15,6 @@ from aiohttp import web
 
 from agentload.records import load_records
 from agentload.run.request import REQUEST_ID_NAMESPACE, sent_request_id
-
 from fakeserver import DONE, FakeServer, chunk, sse_response
 from helpers import cli, run_scenario
 

@@ -20,7 +20,6 @@ from agentload.report.build import write_reports
 from agentload.report.compare_html import build_compare_html
 from agentload.report.compare_text import render_text
 from agentload.report.text import render
-
 from records_factory import MS, RunBuilder
 
 SMG_ACTIVE = "smg_worker_requests_active"

@@ -9,8 +9,15 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from agentload.analysis.verdict import RULES, Facts, FactsAccumulator, Kind, agent_outcomes, diagnose, findings
-
+from agentload.analysis.verdict import (
+    RULES,
+    Facts,
+    FactsAccumulator,
+    Kind,
+    agent_outcomes,
+    diagnose,
+    findings,
+)
 from helpers import REPO
 from records_factory import MS, RunBuilder
 

@@ -15,7 +15,6 @@ import pytest
 from agentload.mock.config import MockConfig
 from agentload.mock.process import MockProcess
 from agentload.records import load_records
-
 from helpers import REPO, cli, run_scenario
 
 

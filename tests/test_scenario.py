@@ -13,7 +13,6 @@ from agentload.errors import ScenarioError
 from agentload.run.conversation import agent_rng
 from agentload.run.dist import Dist
 from agentload.run.scenario import load_scenario, packaged_scenarios, parse_scenario
-
 from helpers import cli
 
 

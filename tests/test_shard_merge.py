@@ -16,7 +16,6 @@ import pytest
 
 from agentload.mock.process import MockProcess
 from agentload.records import load_records
-
 from helpers import cli
 
 pytestmark = pytest.mark.slow

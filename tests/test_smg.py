@@ -30,8 +30,7 @@ import pytest
 from agentload.mock.config import MockConfig
 from agentload.records import load_records
 from agentload.records.target_metrics import load_target_metrics
-
-from helpers import run_scenario, hung_probes
+from helpers import hung_probes, run_scenario
 from serverprocs import router_stack
 from smgproc import SmgProcess, smg_executable
 

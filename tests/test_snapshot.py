@@ -31,7 +31,6 @@ from agentload.run.live import Rates, plain_line
 from agentload.run.scenario import load_scenario
 from agentload.run.snapshot import SnapshotFeed, scan, stall_tick
 
-
 RUN_BOUND_S = 60  # a guard against a hang, never a measured threshold
 STAMPS = phases.STAMPS  # every stamp the phase table knows
 

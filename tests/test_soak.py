@@ -25,15 +25,13 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentload.run.health import flatness
-from agentload.records import iter_record_dicts
 from agentload.analysis.intervals import load_intervals, window
-from agentload.records.target_metrics import load_target_metrics
-from agentload.run.scenario import load_scenario
-
-from helpers import REPO
 from agentload.process import free_port, http_get
-
+from agentload.records import iter_record_dicts
+from agentload.records.target_metrics import load_target_metrics
+from agentload.run.health import flatness
+from agentload.run.scenario import load_scenario
+from helpers import REPO
 from serverprocs import RouterStack
 from smgproc import SmgProcess, smg_executable
 

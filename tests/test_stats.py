@@ -5,7 +5,13 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentload.analysis.stats import fmt_ms, histogram_of, percentiles_ms, quantile_ms, summarize
+from agentload.analysis.stats import (
+    fmt_ms,
+    histogram_of,
+    percentiles_ms,
+    quantile_ms,
+    summarize,
+)
 
 durations = st.lists(st.integers(min_value=1_000, max_value=3_000_000_000_000), min_size=1, max_size=200)
 
@@ -37,7 +43,6 @@ def test_the_formatter_keeps_sub_millisecond_digits():
 def test_a_long_run_is_tabled_in_bands_of_rounds_that_add_up():
     from agentload.analysis.summary import build_summary
     from agentload.report.text import render
-
     from records_factory import RunBuilder
 
     run = RunBuilder(agents=2, rounds=50)
@@ -58,7 +63,6 @@ def test_a_long_run_is_tabled_in_bands_of_rounds_that_add_up():
 
 def test_a_short_run_has_no_bands():
     from agentload.analysis.summary import build_summary
-
     from records_factory import RunBuilder
 
     run = RunBuilder(agents=2, rounds=20)

@@ -29,7 +29,6 @@ from agentload.records.rundir import RunData, load_run
 from agentload.report.build import write_reports
 from agentload.report.html_view import EndBins
 from agentload.report.timeline import LaneSampler, thin_for_drawing
-
 from helpers import REPO
 from records_factory import MS, RunBuilder
 

@@ -11,12 +11,16 @@ import orjson
 import pytest
 from aiohttp import web
 
+from agentload.analysis.target_evidence import target_evidence
 from agentload.analysis.verdict import diagnose
 from agentload.records import Record
 from agentload.records.rundir import load_run
-from agentload.records.target_metrics import chosen_series, load_target_metrics, parse_key
+from agentload.records.target_metrics import (
+    chosen_series,
+    load_target_metrics,
+    parse_key,
+)
 from agentload.report.target_chart import fig_target_metrics
-from agentload.analysis.target_evidence import target_evidence
 from agentload.run.scraper import TargetScraper, parse_exposition, series_key
 
 PAGES = [
@@ -176,8 +180,8 @@ def test_no_target_metrics_no_evidence_no_figure(tmp_path):
 
 @pytest.mark.slow
 def test_html_report_charts_the_target_metrics_and_renders_in_chromium(tmp_path):
-    from devtools import check_page_sync, find_chromium
     from agentload.report.build import write_reports
+    from devtools import check_page_sync, find_chromium
 
     run_dir = _run_dir(tmp_path, {"http://w1": 0.0, "http://w2": 3.0}, 3.0)
     write_reports(run_dir)

@@ -10,7 +10,6 @@ from aiohttp import web
 from agentload import endpoint
 from agentload.launch import run_to_dir
 from agentload.run.scenario import load_scenario
-
 from fakeserver import DONE, FakeServer, chunk, sse_response
 from helpers import cli
 

@@ -20,8 +20,7 @@ import pytest
 from agentload.mock.config import MockConfig
 from agentload.records import load_records
 from agentload.records.target_metrics import load_target_metrics
-
-from helpers import run_scenario, hung_probes
+from helpers import hung_probes, run_scenario
 from routerprocs import VllmRouterProcess, skip_reason
 from serverprocs import router_stack
 

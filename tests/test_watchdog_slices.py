@@ -21,7 +21,15 @@ from agentload.process import free_port
 from agentload.records import Trace
 from agentload.run import snapshot
 from agentload.run.context import AgentState
-from agentload.run.snapshot import LoopLag, SnapshotFeed, TimeGrid, lag_probe_per_s, scan, scan_sliced, stall_tick
+from agentload.run.snapshot import (
+    LoopLag,
+    SnapshotFeed,
+    TimeGrid,
+    lag_probe_per_s,
+    scan,
+    scan_sliced,
+    stall_tick,
+)
 
 S = 1_000_000_000
 AFTER, GIVE_UP = 2 * S, 5 * S
@@ -383,9 +391,9 @@ def test_failed_requests_scrapes_and_past_intervals_leave_nothing_in_the_frozen_
     # collected, and nothing of a request, an interval histogram or a scrape may be among the garbage.
     import gc
 
-    from agentload.mock import MockConfig, MockProcess
     from hdrh.histogram import HdrHistogram
 
+    from agentload.mock import MockConfig, MockProcess
     from agentload.records import Trace
     from agentload.records.interval_log import IntervalLog
     from agentload.run import arrivals, runner

@@ -18,13 +18,12 @@ from collections import Counter
 import orjson
 import pytest
 
+from agentload.analysis.stats import PhaseStats, by_round, summarize
+from agentload.cluster.shards import merge_meta, split
 from agentload.mock.config import MockConfig
 from agentload.mock.process import MockProcess
 from agentload.records import load_records
 from agentload.records.rundir import load_run, merge_worker_samples, worker_files
-from agentload.analysis.stats import PhaseStats, by_round, summarize
-from agentload.cluster.shards import merge_meta, split
-
 from helpers import REPO, run_scenario
 
 pytestmark = pytest.mark.slow  # real runs of several seconds each: not in the fast tier

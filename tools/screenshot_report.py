@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from agentload.errors import UserError
-    from devtools import check_page_sync, find_chromium
     from agentload.report.build import write_reports
+    from devtools import check_page_sync, find_chromium
 
     chromium = find_chromium()
     if chromium is None:

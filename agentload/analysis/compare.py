@@ -12,18 +12,21 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import orjson
-
 from hdrh.histogram import HdrHistogram
 
 from agentload.analysis.passes import one_pass
-from agentload.analysis.stats import SparseHistogram, fmt_ms, histogram_of, percentiles_ms
+from agentload.analysis.stats import (
+    SparseHistogram,
+    fmt_ms,
+    histogram_of,
+    percentiles_ms,
+)
 from agentload.analysis.summary import SummaryPass, build_summary
 from agentload.analysis.verdict import Facts, is_failed_reuse
 from agentload.errors import UserError
 from agentload.records import Record
 from agentload.records.phases import COMPARE_CDF_PHASES, COMPARE_PHASES
 from agentload.records.rundir import RunData, load_run
-
 
 LEGEND_BEST = "* best value in its row (nothing is marked when every run has the same value)"
 

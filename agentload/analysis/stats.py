@@ -23,7 +23,12 @@ import numpy as np
 from hdrh.histogram import HdrHistogram
 
 from agentload.records import REPORT_PHASES, Record
-from agentload.records.histograms import HIST_MAX_US, HIST_MIN_US, new_histogram, record_ns
+from agentload.records.histograms import (
+    HIST_MAX_US,
+    HIST_MIN_US,
+    new_histogram,
+    record_ns,
+)
 from agentload.records.phases import BY_NAME, DURATION
 
 PERCENTILES = (50, 90, 99)

@@ -12,12 +12,24 @@ from typing import Any
 
 from agentload.analysis.passes import one_pass
 from agentload.analysis.router import RouterFacts, RouterPass
-from agentload.analysis.verdict import (FactsAccumulator, agent_outcomes, diagnose, failed_reuses, is_server_error,
-                                        unstarted_agents, unstarted_line)
+from agentload.analysis.stats import (
+    RoundStats,
+    SparseHistogram,
+    fmt_dur,
+    percentiles_ms,
+)
+from agentload.analysis.target_evidence import router_warnings, scrape_summary
+from agentload.analysis.verdict import (
+    FactsAccumulator,
+    agent_outcomes,
+    diagnose,
+    failed_reuses,
+    is_server_error,
+    unstarted_agents,
+    unstarted_line,
+)
 from agentload.records import Record
 from agentload.records.rundir import RunData
-from agentload.analysis.stats import RoundStats, SparseHistogram, fmt_dur, percentiles_ms
-from agentload.analysis.target_evidence import router_warnings, scrape_summary
 
 MIN_SAMPLES_PER_ROUND = 10
 LOOP_LAG_WARN_MS = 50.0

@@ -37,7 +37,14 @@ from typing import Any
 
 import orjson
 
-from agentload.cluster.shards import Interrupts, last_line, live_line, merge_meta, read_part_metas, split
+from agentload.cluster.shards import (
+    Interrupts,
+    last_line,
+    live_line,
+    merge_meta,
+    read_part_metas,
+    split,
+)
 from agentload.errors import UserError
 from agentload.process import ChildProcess, NotReady, wait_lines
 from agentload.run.executor import PreparedRun, RunOutcome, part_of

@@ -34,8 +34,19 @@ from typing import Any, Callable
 
 import orjson
 
-from agentload.cluster.shards import (ClockOffset, FileTail, Interrupts, estimate_offset, fmt_uncertainty, live_line,
-                                     merge_meta, shift_lines, shift_record, shift_sample, split)
+from agentload.cluster.shards import (
+    ClockOffset,
+    FileTail,
+    Interrupts,
+    estimate_offset,
+    fmt_uncertainty,
+    live_line,
+    merge_meta,
+    shift_lines,
+    shift_record,
+    shift_sample,
+    split,
+)
 from agentload.errors import UserError
 from agentload.run.executor import PreparedRun, RunOutcome, clock_anchor, part_of
 

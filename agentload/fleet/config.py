@@ -27,7 +27,20 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 from agentload.mock.config import ERROR_STATUSES, MockConfig
-from agentload.validate import At, Check, Choice, Either, Items, Model, Number, Opt, Text, Whole, build, setting
+from agentload.validate import (
+    At,
+    Check,
+    Choice,
+    Either,
+    Items,
+    Model,
+    Number,
+    Opt,
+    Text,
+    Whole,
+    build,
+    setting,
+)
 
 FAULTS = ("hang", "slow", "errors", "drop", "stop", "kill")
 LIVE_FAULTS = ("hang", "slow", "errors", "drop")  # applied through the mock's POST /mock/fault

@@ -13,7 +13,18 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from agentload.validate import At, Choice, Items, Model, Number, Opt, Text, Whole, build, setting
+from agentload.validate import (
+    At,
+    Choice,
+    Items,
+    Model,
+    Number,
+    Opt,
+    Text,
+    Whole,
+    build,
+    setting,
+)
 
 STYLES = ("vllm", "sglang")
 ERROR_STATUSES = (429, 500, 503)

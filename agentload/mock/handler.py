@@ -32,7 +32,15 @@ from agentload.mock import apis, framing
 from agentload.mock.config import MockConfig
 from agentload.mock.framing import SSE_HEADERS, Frames
 from agentload.mock.live_fault import LiveFaults
-from agentload.mock.plan import Faults, Plan, decode_s, draw_faults, first_token_s, plan_answer, usage
+from agentload.mock.plan import (
+    Faults,
+    Plan,
+    decode_s,
+    draw_faults,
+    first_token_s,
+    plan_answer,
+    usage,
+)
 from agentload.mock.prefix_cache import PrefixCache
 from agentload.mock.request_log import Rec, RequestLog
 from agentload.mock.stats import Stats

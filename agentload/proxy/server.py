@@ -36,9 +36,9 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from agentload.redact import add_secret, redact_bytes
 from agentload.proxy.conversations import Conversations, conversation_items
 from agentload.records import Record, Trace
+from agentload.redact import add_secret, redact_bytes
 from agentload.run import apis
 from agentload.run.agent import attempt
 from agentload.run.context import AgentState

@@ -16,8 +16,22 @@ Written by the run path, read by analysis and the reports; imports nothing above
 """
 
 from agentload.records.record import (  # the names every layer uses
-    OUTCOMES, PHASES, PROBE_KINDS, RECORD_VERSION, REPORT_PHASES, STAMPS, LoadedRecords, Record, RecordWriter, Trace,
-    iter_record_dicts, load_records, phase_at, phase_ns, redact_record, tool_calls_sendable,
+    OUTCOMES,
+    PHASES,
+    PROBE_KINDS,
+    RECORD_VERSION,
+    REPORT_PHASES,
+    STAMPS,
+    LoadedRecords,
+    Record,
+    RecordWriter,
+    Trace,
+    iter_record_dicts,
+    load_records,
+    phase_at,
+    phase_ns,
+    redact_record,
+    tool_calls_sendable,
 )
 
 __all__ = [

@@ -18,7 +18,6 @@ from array import array
 from pathlib import Path
 
 import numpy as np
-
 from hdrh.log import HistogramLogWriter
 
 from agentload.records import Record

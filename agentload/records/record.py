@@ -18,8 +18,22 @@ import orjson
 
 from agentload import redact
 from agentload.records.phases import (  # one definition, re-exported for every caller ("X as X")
-    PHASES as PHASES, PROGRESS_STAMPS as PROGRESS_STAMPS, REPORT_PHASES as REPORT_PHASES, STAMPS as STAMPS,
-    phase_at as phase_at, phase_ns as phase_ns,
+    PHASES as PHASES,
+)
+from agentload.records.phases import (
+    PROGRESS_STAMPS as PROGRESS_STAMPS,
+)
+from agentload.records.phases import (
+    REPORT_PHASES as REPORT_PHASES,
+)
+from agentload.records.phases import (
+    STAMPS as STAMPS,
+)
+from agentload.records.phases import (
+    phase_at as phase_at,
+)
+from agentload.records.phases import (
+    phase_ns as phase_ns,
 )
 
 RECORD_VERSION = 1

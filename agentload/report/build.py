@@ -10,12 +10,12 @@ from typing import Any
 
 import orjson
 
-from agentload.atomic import write_atomic
-from agentload.errors import UserError
-from agentload.redact import redact, redact_bytes
-from agentload.records.rundir import load_run
 from agentload.analysis.passes import one_pass
 from agentload.analysis.summary import SummaryPass, build_summary
+from agentload.atomic import write_atomic
+from agentload.errors import UserError
+from agentload.records.rundir import load_run
+from agentload.redact import redact, redact_bytes
 from agentload.report.html_view import HtmlView
 from agentload.report.text import render
 
@@ -23,7 +23,9 @@ from agentload.report.text import render
 def write_reports(run_dir: Path, width: int = 120) -> tuple[dict[str, Any], str]:
     run_dir = Path(run_dir)
     data = load_run(run_dir)  # also remembers the secrets run.json's target names, from this environment
-    from agentload.report.html import build_html_bytes  # plotly import is slow-ish: only when writing
+    from agentload.report.html import (
+        build_html_bytes,  # plotly import is slow-ish: only when writing
+    )
 
     # one pass over the records feeds the summary (and the verdict) and the HTML report
     sp, view = SummaryPass(data), HtmlView(data)

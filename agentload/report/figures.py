@@ -17,15 +17,28 @@ from plotly.subplots import make_subplots
 from agentload.records import REPORT_PHASES, Record, phase_ns
 from agentload.records import phases as phase_table
 from agentload.records.rundir import RunData
-from agentload.report.html_view import MAX_POINTS, MAX_TIMELINE_REQUESTS, HtmlView, sample_series
+from agentload.report.html_view import (
+    MAX_POINTS,
+    MAX_TIMELINE_REQUESTS,
+    HtmlView,
+    sample_series,
+)
 from agentload.report.html_view import sec as _sec
 from agentload.report.markup import TEMPLATE
 from agentload.report.markup import esc as _e
 from agentload.report.markup import ms as _ms
 from agentload.report.router_chart import FaultWindow, add_fault_bands
 from agentload.report.text import round_label
-from agentload.report.timeline import (GAP_COLORS, GAP_KINDS, GAP_LABELS, REQUEST_PHASES, Lane, end_phase,
-                                       request_segments, thin_for_drawing)
+from agentload.report.timeline import (
+    GAP_COLORS,
+    GAP_KINDS,
+    GAP_LABELS,
+    REQUEST_PHASES,
+    Lane,
+    end_phase,
+    request_segments,
+    thin_for_drawing,
+)
 
 PROMPT_BINS = 24
 

@@ -33,16 +33,29 @@ from agentload.analysis.summary import tls_note
 from agentload.records import REPORT_PHASES
 from agentload.records.rundir import RunData
 from agentload.redact import redact
-from agentload.report.figures import fig_groups, fig_over_time, fig_prompt, fig_rounds, fig_timeline
+from agentload.report.figures import (
+    fig_groups,
+    fig_over_time,
+    fig_prompt,
+    fig_rounds,
+    fig_timeline,
+)
 from agentload.report.html_view import MAX_LANES, HtmlView, html_view  # noqa: F401  (MAX_LANES: tests)
 from agentload.report.markup import PLOT_CONFIG
 from agentload.report.markup import esc as _e
 from agentload.report.markup import ms as _ms
-from agentload.report.router_chart import (fault_windows, fig_router_imbalance, fig_router_inflight, fig_router_rounds,
-                                           fig_router_share, router_html)
+from agentload.report.router_chart import (
+    fault_windows,
+    fig_router_imbalance,
+    fig_router_inflight,
+    fig_router_rounds,
+    fig_router_share,
+    router_html,
+)
 from agentload.report.target_chart import fig_target_metrics
 from agentload.report.text import round_label
 from agentload.report.timeline import REQUEST_PHASES
+
 
 def _figure_html(fig: go.Figure, div_id: str) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG,

@@ -52,7 +52,9 @@ from agentload.records.rundir import RunData, load_run
 from agentload.redact import redact
 
 if TYPE_CHECKING:
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
 
 MISSING_EXTRA = ("OTLP export skipped: the otlp extra is not installed (pip install 'agentload[otlp]'; "
                  "then `agentload report RUN_DIR --otlp-endpoint URL` sends this run)")

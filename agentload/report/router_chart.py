@@ -16,8 +16,14 @@ from agentload.analysis.stats import fmt_ms
 from agentload.report.html_view import sample_series
 from agentload.report.markup import TEMPLATE
 from agentload.report.markup import esc as _e
-from agentload.report.text import (conversations_line, fault_line, imbalance_line, inflight_line, router_time_lines,
-                                   router_title)
+from agentload.report.text import (
+    conversations_line,
+    fault_line,
+    imbalance_line,
+    inflight_line,
+    router_time_lines,
+    router_title,
+)
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

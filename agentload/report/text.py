@@ -8,9 +8,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agentload.records import REPORT_PHASES
-from agentload.analysis.stats import fmt_dur as _dur, fmt_ms
+from agentload.analysis.stats import fmt_dur as _dur
+from agentload.analysis.stats import fmt_ms
 from agentload.analysis.summary import tls_note
+from agentload.records import REPORT_PHASES
 
 _PHASE_COLS = REPORT_PHASES
 

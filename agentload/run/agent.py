@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from hashlib import blake2b as _blake
 import time
+from hashlib import blake2b as _blake
 from typing import TYPE_CHECKING, Any
 
 from agentload.errors import drop_tracebacks
-from agentload.run.context import AgentState
-from agentload.run.conversation import Conversation, agent_rng  # numpy Generator per agent
-from agentload.run.replay import new_conversation
 from agentload.records import Record, Trace, tool_calls_sendable
 from agentload.records.overflow import overflow
 from agentload.run.answer import Result
+from agentload.run.context import AgentState
+from agentload.run.conversation import (  # numpy Generator per agent
+    Conversation,
+    agent_rng,
+)
+from agentload.run.replay import new_conversation
 from agentload.run.request import Tap, classify_exception, send, sent_request_id
 from agentload.run.request_body import ConversationBody
 

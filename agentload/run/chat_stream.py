@@ -62,8 +62,18 @@ from typing import Any, Iterable
 
 import orjson
 
-from agentload.run.apis.reader import (BAD_JSON, BAD_SAMPLE, DONE, ERROR, FINISH, TOKEN, USAGE, AnswerReader,
-                                       error_text, short)
+from agentload.run.apis.reader import (
+    BAD_JSON,
+    BAD_SAMPLE,
+    DONE,
+    ERROR,
+    FINISH,
+    TOKEN,
+    USAGE,
+    AnswerReader,
+    error_text,
+    short,
+)
 from agentload.run.apis.tool_calls import NAME, PIECES
 
 __all__ = ["TOKEN", "FINISH", "USAGE", "DONE", "ERROR", "BAD_JSON", "ChatStream"]

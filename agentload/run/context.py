@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from agentload import redact
-from agentload.run import apis
 from agentload.records import Record, RecordWriter, Trace
+from agentload.run import apis
 from agentload.run.snapshot import LoopLag, SnapshotFeed
 
 if TYPE_CHECKING:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from agentload.errors import UserError
-from agentload.run.exporter import Exporter
 from agentload.records.interval_log import IntervalLog
+from agentload.run.exporter import Exporter
 from agentload.run.scraper import TargetScraper
 
 if TYPE_CHECKING:

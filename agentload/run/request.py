@@ -22,8 +22,15 @@ import aiohttp
 
 from agentload import redact
 from agentload.records import Trace
-from agentload.run.answer import Result, content_encoding_error, first_bytes, protocol_notes, stream_verdict, \
-    what_came, whole_verdict
+from agentload.run.answer import (
+    Result,
+    content_encoding_error,
+    first_bytes,
+    protocol_notes,
+    stream_verdict,
+    what_came,
+    whole_verdict,
+)
 from agentload.run.body_sink import read_body
 from agentload.run.chat_stream import ChatStream
 from agentload.run.request_body import ConversationBody, body_bytes, wants_stream

@@ -41,19 +41,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Coroutine
 
+from agentload.records import RecordWriter, Trace
 from agentload.run import dump, server_props
-from agentload.run.executor import PreparedRun, RunOutcome
 from agentload.run.agent import attempt
 from agentload.run.arrivals import arrivals
 from agentload.run.context import RunContext
-from agentload.run.sampler import Sampler
-from agentload.run.snapshot import TimeGrid, follow, scan, scan_sliced, stall_tick
 from agentload.run.conversation import tool_schemas
+from agentload.run.executor import PreparedRun, RunOutcome
 from agentload.run.observers import start_observers
 from agentload.run.probes import Prober, short_conversation
 from agentload.run.replay import load_plans
-from agentload.records import RecordWriter, Trace
+from agentload.run.sampler import Sampler
 from agentload.run.scenario import Scenario
+from agentload.run.snapshot import TimeGrid, follow, scan, scan_sliced, stall_tick
 
 _now = time.perf_counter_ns
 

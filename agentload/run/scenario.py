@@ -22,11 +22,25 @@ import orjson
 
 from agentload.endpoint import endpoint_problem
 from agentload.errors import ScenarioError
-from agentload.run.dist import Dist, dist
-from agentload.mock.config import MockConfig
 from agentload.fleet.config import SCHEDULE, FleetConfig, RouterConfig, check_fleet
-from agentload.validate import (At, Check, Choice, Either, Items, Number, Opt, Table, Text, Whole, apply_sets,
-                                build, relabel, setting)
+from agentload.mock.config import MockConfig
+from agentload.run.dist import Dist, dist
+from agentload.validate import (
+    At,
+    Check,
+    Choice,
+    Either,
+    Items,
+    Number,
+    Opt,
+    Table,
+    Text,
+    Whole,
+    apply_sets,
+    build,
+    relabel,
+    setting,
+)
 
 TOOL_CHOICES = ("auto", "required", "none")
 

@@ -9,7 +9,14 @@ from typing import Any
 
 from agentload.analysis.router import section
 from agentload.analysis.router.log_index import id_hash
-from agentload.analysis.router.state import IMBALANCE_WINDOW_S, MAX_BACKENDS, OTHER, UNATTRIBUTED, AgentSticky, PassState
+from agentload.analysis.router.state import (
+    IMBALANCE_WINDOW_S,
+    MAX_BACKENDS,
+    OTHER,
+    UNATTRIBUTED,
+    AgentSticky,
+    PassState,
+)
 from agentload.analysis.router.tallies import BackendTally, RoundTally, rate, ttft_ns
 from agentload.records.record import Record
 

@@ -12,9 +12,19 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from agentload.analysis.router.inflight import router_inflight
 from agentload.analysis.router.tallies import secs
+from agentload.records.fleet import (
+    MIN_NAMED_BACKENDS,
+    Backend,
+    Fault,
+    arrival,
+    backends_of,
+    faults_of,
+    fleet_of,
+    is_pd,
+    log_lines,
+    main_role,
+)
 from agentload.records.record import Record
-from agentload.records.fleet import (MIN_NAMED_BACKENDS, Backend, Fault, backends_of, faults_of, fleet_of, is_pd,
-                                     arrival, log_lines, main_role)
 
 if TYPE_CHECKING:
     from agentload.records.rundir import RunData

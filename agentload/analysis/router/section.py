@@ -8,12 +8,19 @@ from collections import Counter
 from typing import Any
 
 from agentload.analysis.router.log_index import MAX_RETRY_EXAMPLES, id_hash
-from agentload.analysis.router.tallies import (BackendTally, FaultTally, HopTally, RoundTally, hop_summary, rate, secs,
-                                               ttft_summary)
 from agentload.analysis.router.state import IMBALANCE_WINDOW_S, UNATTRIBUTED, PassState
+from agentload.analysis.router.tallies import (
+    BackendTally,
+    FaultTally,
+    HopTally,
+    RoundTally,
+    hop_summary,
+    rate,
+    secs,
+    ttft_summary,
+)
 from agentload.analysis.stats import SparseHistogram
 from agentload.records.fleet import arrival, log_lines
-
 
 # a window counts toward the imbalance when it has at least this many requests per backend (one
 # request alone is always a "hotspot")

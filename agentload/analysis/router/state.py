@@ -9,7 +9,12 @@ from typing import TYPE_CHECKING
 
 from agentload.analysis.router.facts import RouterFacts
 from agentload.analysis.router.log_index import LogIndex, id_hash
-from agentload.analysis.router.tallies import BackendTally, FaultTally, HopTally, RoundTally
+from agentload.analysis.router.tallies import (
+    BackendTally,
+    FaultTally,
+    HopTally,
+    RoundTally,
+)
 from agentload.analysis.stats import RoundRows, SparseHistogram
 from agentload.analysis.tallies import TimeCounts
 from agentload.records.fleet import log_lines

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentload.analysis.stats import SparseHistogram, percentiles_ms
-from agentload.records.record import Record
 from agentload.records.fleet import Fault
+from agentload.records.record import Record
 
 
 def secs(ns: int | None, t0: int) -> float | None:

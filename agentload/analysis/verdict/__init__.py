@@ -34,9 +34,21 @@ to `RULES` at its place in the order, its `Kind` with a line in docs/verdicts.md
 
 from __future__ import annotations
 
-from agentload.analysis.verdict.error_classes import (CONNECT_ERRORS, DISCONNECT_ERRORS, PROTOCOL_ERRORS,
-                                                      TIMEOUT_ERRORS, failed_reuses, is_failed_reuse, is_server_error)
-from agentload.analysis.verdict.facts import AgentTally, Facts, FactsAccumulator, token_pace_ns
+from agentload.analysis.verdict.error_classes import (
+                                                      CONNECT_ERRORS,
+                                                      DISCONNECT_ERRORS,
+                                                      PROTOCOL_ERRORS,
+                                                      TIMEOUT_ERRORS,
+                                                      failed_reuses,
+                                                      is_failed_reuse,
+                                                      is_server_error,
+)
+from agentload.analysis.verdict.facts import (
+                                                      AgentTally,
+                                                      Facts,
+                                                      FactsAccumulator,
+                                                      token_pace_ns,
+)
 from agentload.analysis.verdict.judge import diagnose, findings, healthy
 from agentload.analysis.verdict.kinds import Finding, Kind
 from agentload.analysis.verdict.naming import fmt_counts, fmt_round_counts

@@ -15,14 +15,37 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable
 
 from agentload.analysis.passes import one_pass, order_key
-from agentload.analysis.proxies import (AdmissionLimit, BurstTally, FixedTimeout, admission_limit, fixed_timeout,
-                                        inflight_at, quick_refusals)
-from agentload.analysis.router import RouterFacts as RouterFacts  # (judge's diagnose takes one too)
+from agentload.analysis.proxies import (
+    AdmissionLimit,
+    BurstTally,
+    FixedTimeout,
+    admission_limit,
+    fixed_timeout,
+    inflight_at,
+    quick_refusals,
+)
+from agentload.analysis.router import (
+    RouterFacts as RouterFacts,  # (judge's diagnose takes one too)
+)
 from agentload.analysis.stats import SparseHistogram, percentiles_ms
-from agentload.analysis.tallies import CanaryTally, CodeTally, FirstSeenCounts, ReuseTally, SizeCounts, Spans
+from agentload.analysis.tallies import (
+    CanaryTally,
+    CodeTally,
+    FirstSeenCounts,
+    ReuseTally,
+    SizeCounts,
+    Spans,
+)
 from agentload.analysis.verdict.error_classes import PROTOCOL_ERRORS
-from agentload.analysis.verdict.pool import (POOL_BEYOND_HELD, PoolApart, PoolJudgement, StallWindows, Waited,
-                                             pool_test, queued_span)
+from agentload.analysis.verdict.pool import (
+    POOL_BEYOND_HELD,
+    PoolApart,
+    PoolJudgement,
+    StallWindows,
+    Waited,
+    pool_test,
+    queued_span,
+)
 from agentload.analysis.verdict.samples import SampleDigest
 from agentload.records import PROBE_KINDS, Record, phase_ns, tool_calls_sendable
 from agentload.records.fleet import MIN_NAMED_BACKENDS

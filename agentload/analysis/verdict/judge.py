@@ -10,7 +10,11 @@ from agentload.analysis.stats import fmt_dur as _dur
 from agentload.analysis.stats import percentiles_ms
 from agentload.analysis.verdict.facts import Facts, FactsAccumulator, RouterFacts
 from agentload.analysis.verdict.kinds import Finding, Kind
-from agentload.analysis.verdict.naming import backend_names, fmt_counts, with_backend_names
+from agentload.analysis.verdict.naming import (
+    backend_names,
+    fmt_counts,
+    with_backend_names,
+)
 from agentload.analysis.verdict.rules import RULES, Rule
 
 if TYPE_CHECKING:

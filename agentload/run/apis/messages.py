@@ -30,7 +30,14 @@ from typing import Any
 
 import orjson
 
-from agentload.run.apis.reader import DONE, FINISH, USAGE, EventReader, Handler, error_text
+from agentload.run.apis.reader import (
+    DONE,
+    FINISH,
+    USAGE,
+    EventReader,
+    Handler,
+    error_text,
+)
 
 NAME = "messages"
 SYSTEM: bytes | None = b'"system":'

@@ -34,7 +34,16 @@ from typing import Any
 
 import orjson
 
-from agentload.run.apis.reader import DONE, ERROR, FINISH, USAGE, EventReader, Handler, error_text, short
+from agentload.run.apis.reader import (
+    DONE,
+    ERROR,
+    FINISH,
+    USAGE,
+    EventReader,
+    Handler,
+    error_text,
+    short,
+)
 
 NAME = "responses"
 SYSTEM: bytes | None = b'"instructions":'

@@ -31,7 +31,13 @@ from typing import Any
 
 import orjson
 
-from agentload.records.record import BAD_ARGUMENTS, IDS_ON_ONE_INDEX, NO_ID, NO_NAME, TRUNCATED
+from agentload.records.record import (
+    BAD_ARGUMENTS,
+    IDS_ON_ONE_INDEX,
+    NO_ID,
+    NO_NAME,
+    TRUNCATED,
+)
 
 _MAX_PROBLEMS = 8  # tool-call problems kept per answer
 _loads = orjson.loads

@@ -15,16 +15,36 @@ from typing import Callable
 
 from agentload.analysis.verdict.facts import Facts
 from agentload.analysis.verdict.kinds import Finding
-from agentload.analysis.verdict.rules.answers import (rule_bad_responses, rule_malformed_tool_calls, rule_no_tool_calls,
-                                                      rule_protocol, rule_truncated)
-from agentload.analysis.verdict.rules.between import (rule_buffered_stream, rule_concurrency_limit, rule_proxy_timeout,
-                                                      rule_router_leak)
+from agentload.analysis.verdict.rules.answers import (
+                                                      rule_bad_responses,
+                                                      rule_malformed_tool_calls,
+                                                      rule_no_tool_calls,
+                                                      rule_protocol,
+                                                      rule_truncated,
+)
+from agentload.analysis.verdict.rules.between import (
+                                                      rule_buffered_stream,
+                                                      rule_concurrency_limit,
+                                                      rule_proxy_timeout,
+                                                      rule_router_leak,
+)
 from agentload.analysis.verdict.rules.canaries import rule_canary_failures
-from agentload.analysis.verdict.rules.client import (rule_agentload_error, rule_client_pool, rule_client_saturated,
-                                                     rule_client_stopped)
+from agentload.analysis.verdict.rules.client import (
+                                                      rule_agentload_error,
+                                                      rule_client_pool,
+                                                      rule_client_saturated,
+                                                      rule_client_stopped,
+)
 from agentload.analysis.verdict.rules.connections import rule_connect, rule_disconnects
-from agentload.analysis.verdict.rules.errors import rule_other_errors, rule_rate_limited, rule_server_errors
-from agentload.analysis.verdict.rules.server import rule_killed_while_stalled, rule_server_stall
+from agentload.analysis.verdict.rules.errors import (
+                                                      rule_other_errors,
+                                                      rule_rate_limited,
+                                                      rule_server_errors,
+)
+from agentload.analysis.verdict.rules.server import (
+                                                      rule_killed_while_stalled,
+                                                      rule_server_stall,
+)
 
 Rule = Callable[[Facts], Finding | None]
 

@@ -8,10 +8,10 @@ from collections import Counter
 
 from agentload.analysis.tallies import CodeTally
 from agentload.analysis.target_evidence import router_evidence
-from agentload.analysis.verdict.error_classes import (PROTOCOL_ERRORS)
+from agentload.analysis.verdict.error_classes import PROTOCOL_ERRORS
 from agentload.analysis.verdict.facts import Facts, is_truncated
 from agentload.analysis.verdict.kinds import Finding, Kind
-from agentload.analysis.verdict.naming import (fmt_counts, fmt_round_counts)
+from agentload.analysis.verdict.naming import fmt_counts, fmt_round_counts
 from agentload.analysis.verdict.rules.evidence import error_finding
 
 

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 from collections import Counter
 
-from agentload.analysis.proxies import (BURST_CHUNKS_PER_READ, BURST_MIN_CHUNKS, BURST_MIN_WAIT_MS,
-                                        who_answered)
-from agentload.analysis.stats import fmt_dur as _dur
+from agentload.analysis.proxies import (
+    BURST_CHUNKS_PER_READ,
+    BURST_MIN_CHUNKS,
+    BURST_MIN_WAIT_MS,
+    who_answered,
+)
 from agentload.analysis.stats import SparseHistogram, pct_ms, percentiles_ms
-from agentload.analysis.verdict.error_classes import (is_server_error)
+from agentload.analysis.stats import fmt_dur as _dur
+from agentload.analysis.verdict.error_classes import is_server_error
 from agentload.analysis.verdict.facts import Facts
 from agentload.analysis.verdict.kinds import Finding, Kind
-from agentload.analysis.verdict.naming import (fmt_counts)
+from agentload.analysis.verdict.naming import fmt_counts
 from agentload.analysis.verdict.rules.evidence import error_finding
 
 

@@ -9,13 +9,12 @@ from dataclasses import dataclass
 
 from agentload.analysis.stats import fmt_dur as _dur
 from agentload.analysis.stats import pct_ms, quantile_ms
-from agentload.analysis.verdict.error_classes import (TIMEOUT_ERRORS)
+from agentload.analysis.verdict.error_classes import TIMEOUT_ERRORS
 from agentload.analysis.verdict.facts import Facts, token_pace_ns
 from agentload.analysis.verdict.kinds import Finding, Kind
-from agentload.analysis.verdict.naming import (fmt_counts)
+from agentload.analysis.verdict.naming import fmt_counts
 from agentload.analysis.verdict.pool import end_ns
 from agentload.records import Record, phase_at
-
 
 # canaries timed out "behind the same slowness" as the agents when, at the agents' own pace, a
 # canary's answer takes at least this share of canary.timeout_s

@@ -11,11 +11,21 @@ from agentload.analysis.stats import fmt_dur as _dur
 from agentload.analysis.stats import pct_ms, percentiles_ms
 from agentload.analysis.verdict.facts import Facts
 from agentload.analysis.verdict.kinds import Finding, Kind
-from agentload.analysis.verdict.naming import (fmt_counts, fmt_round_counts, share)
-from agentload.analysis.verdict.pool import (POOL_BEYOND_HELD, POOL_WAIT_MIN_MS, POOL_WAIT_SHARE, POOL_WAITED_SHARE,
-                                             PoolJudgement)
-from agentload.analysis.verdict.samples import (SATURATED_MIN_SAMPLES, SATURATED_SHARE, SATURATION_LAG_MS,
-                                                SATURATION_SOME_LAG_MS, TIMING_SATURATED_MS)
+from agentload.analysis.verdict.naming import fmt_counts, fmt_round_counts, share
+from agentload.analysis.verdict.pool import (
+    POOL_BEYOND_HELD,
+    POOL_WAIT_MIN_MS,
+    POOL_WAIT_SHARE,
+    POOL_WAITED_SHARE,
+    PoolJudgement,
+)
+from agentload.analysis.verdict.samples import (
+    SATURATED_MIN_SAMPLES,
+    SATURATED_SHARE,
+    SATURATION_LAG_MS,
+    SATURATION_SOME_LAG_MS,
+    TIMING_SATURATED_MS,
+)
 
 
 def rule_agentload_error(f: Facts) -> Finding | None:

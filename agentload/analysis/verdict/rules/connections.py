@@ -7,13 +7,16 @@ from collections import Counter
 
 from agentload.analysis.stats import fmt_dur as _dur
 from agentload.analysis.target_evidence import router_evidence
-from agentload.analysis.verdict.error_classes import (CONNECT_ERRORS, DISCONNECT_ERRORS, failed_reuses)
+from agentload.analysis.verdict.error_classes import (
+    CONNECT_ERRORS,
+    DISCONNECT_ERRORS,
+    failed_reuses,
+)
 from agentload.analysis.verdict.facts import Facts
 from agentload.analysis.verdict.kinds import Finding, Kind
-from agentload.analysis.verdict.naming import (fmt_counts, share)
+from agentload.analysis.verdict.naming import fmt_counts, share
 from agentload.analysis.verdict.rules.evidence import error_finding
 from agentload.records import Record
-
 
 # A reused connection closed under its request after sitting idle less than this was not closed by a
 # keep-alive timeout (servers keep idle connections for seconds: uvicorn, llama-server 5 s, nginx 75 s)

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 from collections import Counter
 
-from agentload.endpoint import api_url, base_path, with_version
-from agentload.analysis.proxies import (who_answered)
+from agentload.analysis.proxies import who_answered
 from agentload.analysis.target_evidence import router_evidence
-from agentload.analysis.verdict.error_classes import (CONNECT_ERRORS, DISCONNECT_ERRORS, PROTOCOL_ERRORS,
-                                                      is_server_error)
+from agentload.analysis.verdict.error_classes import (
+    CONNECT_ERRORS,
+    DISCONNECT_ERRORS,
+    PROTOCOL_ERRORS,
+    is_server_error,
+)
 from agentload.analysis.verdict.facts import Facts
 from agentload.analysis.verdict.kinds import Finding, Kind
-from agentload.analysis.verdict.naming import (fmt_counts, fmt_span)
+from agentload.analysis.verdict.naming import fmt_counts, fmt_span
 from agentload.analysis.verdict.rules.evidence import error_finding
+from agentload.endpoint import api_url, base_path, with_version
 from agentload.records import Record
 from agentload.records.overflow import overflow
 

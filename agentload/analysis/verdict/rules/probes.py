@@ -10,7 +10,6 @@ from agentload.analysis.stats import fmt_dur as _dur
 from agentload.analysis.verdict.facts import Facts
 from agentload.records import Record, phase_ns
 
-
 MAX_WAVE_LINES = 5  # probed waves the evidence lists
 _NOT_ANSWERED = ("hung", "failed")
 _PROBE_ORDER = (("probe_body_fresh", "its own body on a fresh connection", False),

@@ -8,7 +8,12 @@ from collections import Counter
 from dataclasses import dataclass
 
 from agentload.analysis.proxies import fixed_timeout, who_answered
-from agentload.analysis.target_evidence import EngineWork, engine_queue_evidence, engine_work, target_evidence
+from agentload.analysis.target_evidence import (
+    EngineWork,
+    engine_queue_evidence,
+    engine_work,
+    target_evidence,
+)
 from agentload.analysis.verdict.facts import Facts
 from agentload.analysis.verdict.kinds import Finding, Kind
 from agentload.analysis.verdict.naming import fmt_counts, fmt_phase_counts
