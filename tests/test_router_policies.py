@@ -74,3 +74,20 @@ def test_vllm_router_keeps_each_session_on_one_backend_and_every_request_joins_b
     assert rt["by_traceparent"] >= 0.99 * requests and rt["by_id"] == 0, rt
     assert rt["all"]["n"] > 0 and rt["all"]["p50_ms"] is not None, rt
     assert "router's own time" in res.text and "by traceparent" in res.text
+
+
+@pytest.mark.smg
+@pytest.mark.skipif(smg_executable() is None, reason="the `smg` executable is missing (pip install smg)")
+def test_smg_sticky_sessions_keep_each_conversation_on_one_backend_under_round_robin(tmp_path):
+    """smg's --sticky-sessions (routing-key override) pins each routing key to a worker on any policy:
+    round robin, which alone spreads every conversation, keeps each on one backend."""
+    from agentload.run.scenario import load_scenario
+
+    command = load_scenario("router-prefix-groups-smg", []).router.command
+    res = run_scenario("router-prefix-groups-smg", tmp_path / "run", [
+        f"router.command={orjson.dumps(command.replace('--disable-retries', '--disable-retries --sticky-sessions')).decode()}",
+        "router.policy=round_robin", 'target.session_header="X-SMG-Routing-Key"', "agents.count=12", "agents.rounds=3"])
+    s = res.summary
+    assert s["verdict"]["kind"] in ("healthy", "client_saturated"), res.text  # (saturated: a loaded machine)
+    assert s["router"]["conversations"]["share"] >= 0.99, s["router"]["conversations"]
+    assert s["router"]["imbalance"]["overall"] >= 1.0
