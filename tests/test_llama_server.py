@@ -117,9 +117,11 @@ def most_past_headers(recs) -> int:
     return most
 
 
-def test_scripted_run_is_healthy_and_props_are_read(server, tmp_path):
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_scripted_run_is_healthy_and_props_are_read(server, tmp_path, api):
+    """In each of the three APIs the server serves (issue 29): healthy, its usage read."""
     srv = server()
-    summary, text, recs, meta = run(srv, tmp_path, [])
+    summary, text, recs, meta = run(srv, tmp_path, [f"target.api={api}"])
     assert summary["verdict"]["kind"] == "healthy", text
     agent = [r for r in recs if r.kind == "agent"]
     assert len(agent) == 4 and all(r.outcome == "ok" and r.status == 200 for r in agent), text
@@ -132,7 +134,8 @@ def test_scripted_run_is_healthy_and_props_are_read(server, tmp_path):
     assert "connections:" in text and summary["connections"]["reuse_rate"] is not None
 
 
-def test_server_paused_with_sigstop_is_a_server_stall_in_ttfb_at_the_right_round(server, tmp_path):
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_server_paused_with_sigstop_is_a_server_stall_in_ttfb_at_the_right_round(server, tmp_path, api):
     """SIGSTOP in the agent's tool time after round 1: the kernel accepts the next request, the
     stopped server sends nothing, not even headers: round 2 stalls in ttfb, and it is a stall, not
     a queue (nothing else moves)."""
@@ -143,7 +146,7 @@ def test_server_paused_with_sigstop_is_a_server_stall_in_ttfb_at_the_right_round
                 # after_s above one answer's prompt time on a loaded 2-core machine (9 s seen with
                 # other builds on both cores); tool time 2 s: the watcher stops it long before round 2
                 "agents.count=1", "agents.rounds=3", "conversation.tool_latency_ms=2000", "stall.after_s=20.0",
-                "stall.give_up_s=25.0"])
+                "stall.give_up_s=25.0", f"target.api={api}"])
     finally:
         srv.stop()
     assert stopped.is_set(), text
