@@ -211,13 +211,14 @@ def test_the_close_after_every_streamed_answer_is_seen_and_never_blamed_on_a_kee
         assert v["kind"] == "healthy" and conns["reuse_rate"] == 0.0, text
 
 
-def test_context_overflow_is_told_in_the_servers_numbers_split_over_slots_and_not_retried(server, tmp_path):
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_context_overflow_is_told_in_the_servers_numbers_split_over_slots_and_not_retried(server, tmp_path, api):
     """Issue 27 case 11: -c 1024 over --parallel 2 gives each slot 512 tokens; a conversation grows
     past that in round 3 and gets llama-server's 400 with its own prompt count and n_ctx."""
     srv = server(parallel=2, ctx=1024)
     summary, text, recs, meta = run(srv, tmp_path, [
         "agents.count=1", "agents.rounds=4", "agents.error_retries=2", "conversation.system_tokens=60",
-        "conversation.user_tokens=150", "conversation.max_tokens=4"])
+        "conversation.user_tokens=150", "conversation.max_tokens=4", f"target.api={api}"])
     assert meta["server_props"]["total_slots"] == 2 and meta["server_props"]["n_ctx_per_slot"] == 512, meta
     agent = [r for r in recs if r.kind == "agent"]
     failed = [r for r in agent if r.outcome == "error"]
