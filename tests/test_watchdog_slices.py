@@ -49,10 +49,10 @@ def _run(coro, loop_factory=asyncio.new_event_loop):
         return r.run(coro)
 
 
-def _registry(n=300):
+def _registry(n=300, now=None):
     """n requests in every phase, stalled or not, past give-up or not, canaries among them, and
-    their agents plus some between requests, in a tool call, done."""
-    now = time.perf_counter_ns()
+    their agents plus some between requests, in a tool call, done; their ages counted back from `now`."""
+    now = time.perf_counter_ns() if now is None else now
     fired: list[str] = []
     inflight, states = {}, {}
     phases = [dict(start=1, queued_start=1), dict(start=1, queued_start=1, queued_end=1, conn_start=1),
@@ -225,8 +225,13 @@ def test_a_small_registry_is_still_walked_in_one_step():
 @pytest.mark.parametrize("loop_factory", _loops())
 def test_the_watchdog_walks_a_large_registry_in_slices_and_publishes_the_same(monkeypatch, loop_factory):
     monkeypatch.setattr(snapshot, "SLICE_NS", 0)  # a yield after each chunk, however fast
-    ctx, fired = _registry(6000)
-    ref, ref_fired = _registry(6000)
+    # Both registries aged from one instant, and every pass sees that instant as its now: building 6,000
+    # requests twice, the reference pass and the watchdog's second of waiting took over 1.9 s on a loaded
+    # CI machine, and the fresh third of the requests had turned stalled by the watchdog's full pass.
+    now = time.perf_counter_ns()
+    monkeypatch.setattr(snapshot, "_now", lambda: now)
+    ctx, fired = _registry(6000, now)
+    ref, ref_fired = _registry(6000, now)
     want = _scan(ref, seq=1, after_ns=AFTER, give_up_ns=GIVE_UP)
     ctx.snapshots, ctx.loop_lag = SnapshotFeed(), LoopLag()
     ctx.scenario = SimpleNamespace(stall=SimpleNamespace(after_s=AFTER / S, give_up_s=GIVE_UP / S))
