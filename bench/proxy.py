@@ -14,7 +14,14 @@ Figures, measured in the same repetition:
 - the client's time to first token (sent -> first token), direct and through the proxy, p50/p99;
 - CPU per request: the proxy process's (utime + stime from /proc over the client's run, divided by
   the requests it recorded), against the client's own CPU per request in the direct run (what
-  agentload spends to make a request, the issue's yardstick).
+  agentload spends to make a request, the issue's yardstick);
+- the proxy's own event-loop lag (its one-second samples while requests were in flight, as its
+  report has them): a proxy that cannot keep up says so there;
+- the machine's load average around each repetition (the three processes share its cores with
+  whatever else runs: a busy machine preempts the proxy mid-request, which shows in the p99).
+
+Last, the goals of issue 30 (added p50 <= 0.3 ms, p99 <= 2 ms, CPU <= 1.5x the client's), each
+judged on the median over the repetitions, one line each: met, or FAILED with the figures.
 
     python -m bench.proxy --streams 64 --rounds 20 --reps 3
 """
@@ -22,7 +29,9 @@ Figures, measured in the same repetition:
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,7 +62,24 @@ def _ttft_ms(run_dir: Path) -> list[float]:
             if r["outcome"] == "ok" and "first_token" in r["t"] and "sent" in r["t"]]
 
 
+GOAL_ADDED_P50_MS = 0.3
+GOAL_ADDED_P99_MS = 2.0
+GOAL_CPU_RATIO = 1.5
+
+
+def _busy_lags_ms(run_dir: Path) -> list[float]:
+    """The proxy's loop lag in its one-second samples taken while requests were in flight."""
+    out = []
+    for line in (run_dir / "samples.jsonl").read_bytes().splitlines():
+        if line.strip():
+            s = orjson.loads(line)
+            if s.get("inflight"):
+                out.append(float(s.get("loop_lag_ms") or 0.0))
+    return out
+
+
 def one_rep(server_url: str, streams: int, rounds: int, tmp: Path, rep: int) -> dict:
+    load0 = os.getloadavg()[0]
     direct = _client(server_url, streams, rounds, tmp / f"direct-{rep}")
     proxy_dir = tmp / f"proxy-{rep}"
     cmd = [sys.executable, "-m", "agentload.cli", "proxy", "--upstream", server_url, "--port", "0",
@@ -70,12 +96,17 @@ def one_rep(server_url: str, streams: int, rounds: int, tmp: Path, rep: int) -> 
         proxy.send_signal(signal.SIGINT)
         proxy.wait_exit(120)
         proxy.stop()
-    recs = [r for r in _records(proxy_dir) if r["outcome"] == "ok"]
-    added = [((r["t"]["start"] - r["t"]["down_start"]) + (r["t"]["down_first_token"] - r["t"]["first_token"])) / 1e6
-             for r in recs if "down_first_token" in r["t"]]
+    recs = [r for r in _records(proxy_dir) if r["outcome"] == "ok" and "down_first_token" in r["t"]]
+    ins = [(r["t"]["start"] - r["t"]["down_start"]) / 1e6 for r in recs]
+    outs = [(r["t"]["down_first_token"] - r["t"]["first_token"]) / 1e6 for r in recs]
+    added = [a + b for a, b in zip(ins, outs)]
+    lags = _busy_lags_ms(proxy_dir)
     return {
         "requests": len(recs),
         "added_p50_ms": pct(added, 0.50), "added_p99_ms": pct(added, 0.99),
+        "in_ms": (pct(ins, 0.50), pct(ins, 0.99)), "out_ms": (pct(outs, 0.50), pct(outs, 0.99)),
+        "lag_ms": (pct(lags, 0.50), max(lags, default=None)),
+        "load": (load0, os.getloadavg()[0]),
         "ttft_direct": (pct(_ttft_ms(tmp / f"direct-{rep}"), 0.50), pct(_ttft_ms(tmp / f"direct-{rep}"), 0.99)),
         "ttft_through": (pct(_ttft_ms(tmp / f"through-{rep}"), 0.50), pct(_ttft_ms(tmp / f"through-{rep}"), 0.99)),
         "proxy_cpu_us": (cpu1 - cpu0) / max(1, len(recs)) * 1e6,
@@ -117,14 +148,44 @@ def main(argv: list[str] | None = None) -> int:
     print("rep  added p50 ms  added p99 ms  ttft direct p50/p99 ms  ttft through p50/p99 ms  proxy CPU us/req  "
           "client CPU us/req  ratio")
     for i, r in enumerate(rows, 1):
-        ratio = r["proxy_cpu_us"] / r["client_cpu_us"] if r["client_cpu_us"] else None
+        r["ratio"] = r["proxy_cpu_us"] / r["client_cpu_us"] if r["client_cpu_us"] else None
         print(f"{i:>3}  {_f(r['added_p50_ms']):>12}  {_f(r['added_p99_ms']):>12}  "
               f"{_f(r['ttft_direct'][0]):>9} / {_f(r['ttft_direct'][1]):<9}  "
               f"{_f(r['ttft_through'][0]):>10} / {_f(r['ttft_through'][1]):<10}  "
-              f"{_f(r['proxy_cpu_us'], '{:.0f}'):>16}  {_f(r['client_cpu_us'], '{:.0f}'):>17}  {_f(ratio)}")
+              f"{_f(r['proxy_cpu_us'], '{:.0f}'):>16}  {_f(r['client_cpu_us'], '{:.0f}'):>17}  {_f(r['ratio'])}")
+        print(f"     added = in {_f(r['in_ms'][0])} / {_f(r['in_ms'][1])} ms (p50/p99: request arrived -> sent "
+              f"upstream) + out {_f(r['out_ms'][0])} / {_f(r['out_ms'][1])} ms (first token read -> written on); "
+              f"proxy loop lag p50 {_f(r['lag_ms'][0], '{:.0f}')} ms, max {_f(r['lag_ms'][1], '{:.0f}')} ms; "
+              f"load average {r['load'][0]:.2f} -> {r['load'][1]:.2f} on {os.cpu_count()} CPUs")
         if r["through_failed"]:
             print(f"     {r['through_failed']} request(s) through the proxy failed")
+    _goals(rows)  # (a report, not a gate: the exit status says only that the bench ran)
     return 0
+
+
+def _goals(rows: list[dict]) -> bool:
+    """One line per goal of issue 30, judged on the median over the repetitions; True if all were met."""
+    def median(key: str) -> float | None:
+        vals = [r[key] for r in rows if r[key] is not None]
+        return statistics.median(vals) if vals else None
+
+    all_met = True
+    for name, key, goal, unit in (("added latency p50", "added_p50_ms", GOAL_ADDED_P50_MS, " ms"),
+                                  ("added latency p99", "added_p99_ms", GOAL_ADDED_P99_MS, " ms"),
+                                  ("proxy CPU / client CPU per request", "ratio", GOAL_CPU_RATIO, "x")):
+        m = median(key)
+        each = ", ".join(_f(r[key]) for r in rows)
+        if m is not None and m <= goal:
+            print(f"goal {name} <= {goal:g}{unit}: met ({_f(m)}{unit}, median of {each})")
+            continue
+        all_met = False
+        print(f"goal {name} <= {goal:g}{unit}: FAILED ({_f(m)}{unit}, median of {each})")
+    if not all_met:
+        lag = max((r["lag_ms"][1] for r in rows if r["lag_ms"][1] is not None), default=None)
+        print(f"     (the proxy's own loop lag reached {_f(lag, '{:.0f}')} ms; load average up to "
+              f"{max(max(r['load']) for r in rows):.2f} on {os.cpu_count()} CPUs: a late 'in' or 'out' above is "
+              f"the proxy waiting for its loop or its CPU)")
+    return all_met
 
 
 if __name__ == "__main__":

@@ -49,10 +49,19 @@ def test_bench_proxy_measures_what_the_proxy_adds():
                         "--ttft-ms", "5", "--chunks", "4"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "rep 1/1" in p.stderr and "12 requests proxied" in p.stderr
-    row = p.stdout.strip().splitlines()[-1].split()
+    lines = p.stdout.strip().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("rep  added p50 ms"))
+    row = lines[at + 1].split()
     added_p50, added_p99, proxy_cpu, client_cpu, ratio = (float(row[i]) for i in (1, 2, -3, -2, -1))
     assert 0 <= added_p50 <= added_p99 and proxy_cpu > 0 and client_cpu > 0
     assert abs(ratio - proxy_cpu / client_cpu) < 0.02 * ratio + 0.01
+    # the two parts of the added latency, the proxy's own loop lag, the load; then each goal judged
+    assert lines[at + 2].lstrip().startswith("added = in ") and "proxy loop lag p50" in lines[at + 2]
+    goals = [line for line in lines if line.startswith("goal ")]
+    assert [g.split(":")[0] for g in goals] == ["goal added latency p50 <= 0.3 ms", "goal added latency p99 <= 2 ms",
+                                                "goal proxy CPU / client CPU per request <= 1.5x"]
+    assert all(g.split(": ", 1)[1].startswith(("met (", "FAILED (")) for g in goals)
+    assert f"{added_p50:.2f} ms, median of {added_p50:.2f}" in goals[0]
 
 
 def test_bench_reps_and_another_copy_of_the_code(tmp_path):

@@ -10,17 +10,23 @@ the conversation outright and wins over the messages.
 Messages are compared by a digest of each one in a canonical form (keys sorted; Anthropic's
 `cache_control` marks dropped, since a harness moves them to the newest message every round),
 chained so that a prefix of N messages is one digest. Only digests are kept, never text.
+
+The digest is the interpreter's own hash of the canonical bytes, chained (64 bits, salted per
+process): digests are only matched within the one proxy process that made them, never written,
+and every request digests its whole conversation again, so it must be cheap (a blake2b per
+message cost more than the rest of a request's bookkeeping). The marks are dropped only from a
+message whose serialised form names `cache_control` (a search in bytes, no Python walk).
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 _DROP = frozenset({"cache_control"})
+_MARK = b'"cache_control"'
 
 
 def _canonical(v: Any) -> Any:
@@ -46,12 +52,16 @@ def conversation_items(body: dict[str, Any]) -> list[Any] | None:
     return ([{"system": head}] if head else []) + items
 
 
-def prefix_digests(items: list[Any]) -> list[bytes]:
-    """d[i]: the digest of items[:i+1]."""
-    out: list[bytes] = []
-    d = b""
+def prefix_digests(items: list[Any]) -> list[int]:
+    """d[i]: the digest of items[:i+1] (never 0: 0 stands for no messages)."""
+    out: list[int] = []
+    d = 0
+    dumps, sort = orjson.dumps, orjson.OPT_SORT_KEYS
     for it in items:
-        d = hashlib.blake2b(d + orjson.dumps(_canonical(it), option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
+        b = dumps(it, option=sort)
+        if _MARK in b:
+            b = dumps(_canonical(it), option=sort)
+        d = hash((d, b)) or 1
         out.append(d)
     return out
 
@@ -61,7 +71,7 @@ class _Conversation:
     index: int
     round: int = 0
     call: int = 0
-    last_digest: bytes = b""
+    last_digest: int = 0
     last_len: int = 0
     last_ok: bool | None = None  # None: the round's request is still in flight
 
@@ -79,12 +89,12 @@ class Conversations:
     """Places each request in a conversation and a round. Bounded by the conversations seen."""
 
     convs: list[_Conversation] = field(default_factory=list)
-    _by_digest: dict[bytes, list[int]] = field(default_factory=dict)  # last request's digest -> conversations
+    _by_digest: dict[int, list[int]] = field(default_factory=dict)  # last request's digest -> conversations
     _by_session: dict[str, int] = field(default_factory=dict)
 
     def place(self, items: list[Any] | None, session: str | None = None) -> Placement:
         digests = prefix_digests(items) if items else []
-        full = digests[-1] if digests else b""
+        full = digests[-1] if digests else 0
         if session:
             i = self._by_session.get(session)
             if i is None:
@@ -115,7 +125,7 @@ class Conversations:
         self.convs.append(c)
         return c
 
-    def _advance(self, c: _Conversation, digest: bytes, n: int, how: str, new_round: bool) -> Placement:
+    def _advance(self, c: _Conversation, digest: int, n: int, how: str, new_round: bool) -> Placement:
         if c.last_digest:
             ids = self._by_digest.get(c.last_digest)
             if ids is not None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from agentload.proxy.server import Proxy, make_app
+from agentload.proxy.server import Proxy, make_server
 
 if TYPE_CHECKING:
     from agentload.run.context import RunContext
@@ -23,8 +23,8 @@ def drive(sock: socket.socket, upstream: str, session_header: str | None, log=No
     async def run(ctx: "RunContext") -> None:
         proxy = Proxy(ctx, upstream, session_header, bodies)
         # handler_cancellation: a harness that closes its connection cancels its request upstream too
-        runner = web.AppRunner(make_app(proxy), handler_cancellation=True, access_log=None,
-                               shutdown_timeout=ctx.scenario.stall.give_up_s)
+        runner = web.ServerRunner(make_server(proxy, handler_cancellation=True, access_log=None),
+                                  shutdown_timeout=ctx.scenario.stall.give_up_s)
         await runner.setup()
         try:
             await web.SockSite(runner, sock).start()

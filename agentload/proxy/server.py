@@ -65,20 +65,23 @@ class DownstreamTap:
     """Carries the upstream answer on to the harness as it arrives (`request.send`'s tap).
 
     Each block is written on in the call that read it (on the upstream parser's hook: no task
-    wake-up, no await) by driving `StreamResponse.write` one step: it hands the block to the
-    harness's transport and completes at once, unless the transport's buffer is above its
-    high-water mark (the harness reads slower than the server sends). Then the write's remaining
-    step (its wait for the drain) goes to a task, and the upstream's reading is held until it is
+    wake-up, no await). A chunked answer (HTTP/1.1, the usual case) is framed here and handed to
+    the harness's transport in one `write`, past aiohttp's writer (a coroutine and a join per
+    block for the same bytes); anything else, and the block of the read that ended the upstream
+    body (it goes with the body's end: one write, not two), by driving `StreamResponse.write` /
+    `write_eof` one step, which completes at once unless the write must wait. When the
+    transport's buffer is above its high-water mark (the harness reads slower than the server
+    sends), the wait for its drain goes to a task and the upstream's reading is held until it is
     done, so the proxy never buffers more than one read beyond the mark and blocks stay in order.
-    The block of the read that ended the upstream body goes with the body's end (one write, not
-    two); a body that broke never ends downstream either (`Proxy.handle` closes the connection)."""
+    A body that broke never ends downstream either (`Proxy.handle` closes the connection)."""
 
-    __slots__ = ("request", "trace", "resp", "gone", "upstream", "held")
+    __slots__ = ("request", "trace", "resp", "writer", "gone", "upstream", "held")
 
-    def __init__(self, request: web.Request, trace: Trace):
+    def __init__(self, request: web.BaseRequest, trace: Trace):
         self.request = request
         self.trace = trace
         self.resp: web.StreamResponse | None = None
+        self.writer: Any = None  # the response's writer, when its body is chunked (framed here, `write`)
         self.gone = False
         self.upstream: Any = None  # the upstream response (its connection's reading is held under backpressure)
         self.held: asyncio.Task | None = None  # a write waiting for the harness's transport to drain
@@ -91,10 +94,12 @@ class DownstreamTap:
         self.resp = resp
         self.upstream = upstream
         try:
-            await resp.prepare(self.request)
+            writer = await resp.prepare(self.request)
         except (ConnectionError, aiohttp.ClientConnectionResetError):
             self.gone = True
             raise
+        if getattr(writer, "chunked", False) and getattr(writer, "_compress", None) is None:
+            self.writer = writer
         self.trace.t["down_headers"] = _now()
 
     def write(self, block: bytes) -> None:
@@ -102,17 +107,27 @@ class DownstreamTap:
         if resp is None or not block:
             return
         body = getattr(self.upstream, "content", None)
-        # the read that ended the upstream body: its block and the body's end in one write
-        step = resp.write_eof(block) if body is not None and body.is_eof() else resp.write(block)
-        try:
-            waiting = step.send(None)
-        except StopIteration:
-            pass  # written, no wait: the usual case
-        except (ConnectionError, aiohttp.ClientConnectionResetError):
-            self.gone = True
-            raise
-        else:  # the block is with the transport; the write waits for its buffer to drain
-            self._hold(step, waiting)
+        writer = self.writer
+        if writer is not None and (body is None or not body.is_eof()):
+            transport = writer.transport
+            if transport is None or transport.is_closing():
+                self.gone = True
+                raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+            transport.write(b"%x\r\n%b\r\n" % (len(block), block))
+            if writer.protocol.writing_paused and (self.held is None or self.held.done()):
+                self._hold(writer.drain(), None)  # (a hold still pending has paused the reading already)
+        else:
+            # the read that ended the upstream body: its block and the body's end in one write
+            step = resp.write_eof(block) if body is not None and body.is_eof() else resp.write(block)
+            try:
+                waiting = step.send(None)
+            except StopIteration:
+                pass  # written, no wait: the usual case
+            except (ConnectionError, aiohttp.ClientConnectionResetError):
+                self.gone = True
+                raise
+            else:  # the block is with the transport; the write waits for its buffer to drain
+                self._hold(step, waiting)
         t = self.trace.t
         t["down_end"] = now = _now()  # (the last block's: the record is written when the upstream body ends)
         if "first_token" in t and "down_first_token" not in t:
@@ -181,7 +196,7 @@ class Proxy:
         # --capture-bodies: each recorded request's body, one JSON line, secrets redacted (for `replay`)
         self.bodies_fd = os.open(bodies, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if bodies else -1
 
-    def url_for(self, request: web.Request) -> str:
+    def url_for(self, request: web.BaseRequest) -> str:
         """The upstream URL of a request: the upstream's base and the harness's path after it.
 
         The harness's base URL is the proxy's (`http://127.0.0.1:P/v1`), so its path names the API
@@ -193,8 +208,14 @@ class Proxy:
             return self.origin + path
         return self.upstream + path
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         t_in = _now()
+        expect = request.headers.get("Expect")
+        if expect is not None:  # (what aiohttp's router does for an Application)
+            if expect.lower() != "100-continue":
+                raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+            if request.version == aiohttp.HttpVersion11:
+                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         raw = await request.read()
         t_body = _now()
         body = _json_object(raw) if request.method == "POST" else None
@@ -265,7 +286,7 @@ class Proxy:
             os.close(self.bodies_fd)
             self.bodies_fd = -1
 
-    async def _unreadable(self, request: web.Request, raw: bytes, t_in: int, t_body: int,
+    async def _unreadable(self, request: web.BaseRequest, raw: bytes, t_in: int, t_body: int,
                           why: str) -> web.StreamResponse:
         """A POST to an API path whose conversation agentload cannot read: forwarded as it came (the
         harness gets the server's answer), and recorded as an error of its own, `request_unreadable`,
@@ -285,7 +306,7 @@ class Proxy:
                       f"forwarded as it came, its conversation and round not known"))
         return resp
 
-    async def _pass_through(self, request: web.Request, raw: bytes, counted: bool = True) -> web.StreamResponse:
+    async def _pass_through(self, request: web.BaseRequest, raw: bytes, counted: bool = True) -> web.StreamResponse:
         """A request that carries no conversation: forwarded as it is, answer streamed back, no record."""
         self.passed_through += counted
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -331,7 +352,13 @@ def _json_object(raw: bytes) -> dict[str, Any] | None:
     return v if isinstance(v, dict) else None
 
 
-def make_app(proxy: Proxy) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
-    app.router.add_route("*", "/{tail:.*}", proxy.handle)
-    return app
+def make_server(proxy: Proxy, **kwargs: Any) -> web.Server:
+    """aiohttp's low-level server with `proxy.handle` for every request: the proxy has one handler
+    for every path and method, so no Application (its router, its match, its middleware chain) is
+    run per request. `kwargs` go to the server's protocol (`handler_cancellation`, `access_log`)."""
+    loop = asyncio.get_running_loop()
+
+    def request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> web.BaseRequest:
+        return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=MAX_BODY_BYTES)
+
+    return web.Server(proxy.handle, request_factory=request, **kwargs)
