@@ -363,7 +363,8 @@ def test_a_harness_that_reads_slower_than_the_server_sends_gets_the_whole_answer
     # writes to it back up past the transport's high-water mark, so the upstream's reading is held
     m = MockProcess.start(MockConfig(output_tokens=15000, decode_tokens_per_s=0, tool_call_rate=0.0))
     out = tmp_path / "run"
-    child, port = start_proxy(m.url, out)
+    # (the harness's second without reading holds the upstream that long: a stall at 1 s on a busy machine)
+    child, port = start_proxy(m.url, out, "--set", "stall.after_s=3")
     try:
         body = orjson.dumps({"model": "mock-model", "stream": True,
                              "messages": [{"role": "user", "content": "Write a long story."}]})
@@ -394,7 +395,7 @@ def test_a_harness_that_reads_slower_than_the_server_sends_gets_the_whole_answer
     assert recs[0]["token_chunks"] == len(text_chunks) and recs[0]["chunks"] == len(events), recs[0]  # ([DONE] too)
     t = recs[0]["t"]
     assert t["down_headers"] <= t["down_first_token"] <= t["down_end"] and t["first_token"] <= t["down_first_token"]
-    assert code == 0, text
+    assert code == 0 and "stall after=3.0" in text, text
 
 
 def test_a_proxy_whose_event_loop_lags_says_so_in_its_report(mock, tmp_path):
