@@ -398,6 +398,37 @@ def test_a_harness_that_reads_slower_than_the_server_sends_gets_the_whole_answer
     assert code == 0 and "stall after=3.0" in text, text
 
 
+def test_expect_100_continue_and_a_body_of_megabytes_are_taken_as_a_server_takes_them(tmp_path):
+    """A harness (curl does this for big bodies) that asks `Expect: 100-continue` gets the 100 before it
+    sends its body, and a conversation of 2 MB (past aiohttp's 1 MiB default) is forwarded, not refused."""
+    m = MockProcess.start(MockConfig(prefill_tokens_per_s=0, output_tokens=8, tool_call_rate=0.0))
+    out = tmp_path / "run"
+    child, port = start_proxy(m.url, out)
+    try:
+        body = orjson.dumps({"model": "mock-model", "stream": True,
+                             "messages": [{"role": "user", "content": "word " * 400_000}]})
+        with socket.socket() as s:
+            s.settimeout(30)
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n" % len(body))
+            interim = s.recv(64)
+            s.sendall(body)
+            got = bytearray()
+            while chunk := s.recv(65536):
+                got += chunk
+    finally:
+        code, text = stop_proxy(child)
+        m.stop()
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n", interim
+    head, _, rest = bytes(got).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert _dechunk(rest).rstrip().endswith(b"data: [DONE]"), rest[-200:]
+    recs = [r for r in records(out) if r["kind"] == "agent"]
+    assert len(recs) == 1 and recs[0]["outcome"] == "ok" and recs[0]["prompt_bytes"] == len(body), recs
+    assert code == 0, text
+
+
 def test_a_proxy_whose_event_loop_lags_says_so_in_its_report(mock, tmp_path):
     out = tmp_path / "run"
     child, port = start_proxy(mock.url, out)
