@@ -10,7 +10,12 @@ What this server does that the tests rely on (measured here, see /work/shared/DE
 - it closes the connection right after every streamed answer, though its headers say keep-alive;
 - `/metrics` (with `--metrics`): `llamacpp:requests_processing`, `llamacpp:requests_deferred`;
 - Gemma 3 270M's own chat template cannot call tools (`/props`:
-  `chat_template_caps.supports_tool_calls` false).
+  `chat_template_caps.supports_tool_calls` false);
+- with our template tests/data/gemma3-tool-calls.jinja (`--jinja --chat-template-file`) and
+  tool_choice "required" in each API's form, its grammar makes every answer one tool call of an
+  offered tool with schema-valid arguments (the model picks the name and fills in the query): the
+  model's own calls drive every round in all three APIs. Its Responses events carry no
+  output_index (a call is joined by its item id); it does not take `previous_response_id`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from llamaserverproc import LlamaServerProc, need_llama_server
 from serverprocs import paused_after_round
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.slow]
+
+TOOL_TEMPLATE = Path(__file__).resolve().parent / "data" / "gemma3-tool-calls.jinja"
 
 BASE = """
 description = "upstream llama.cpp llama-server (tests/test_llama_server.py)"
@@ -87,6 +94,18 @@ def server(tmp_path_factory):
     yield start
     for srv in running:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def tool_server(tmp_path_factory):
+    """A second llama-server, same model, with our tool-calling chat template (started once for the
+    three APIs): 2 slots, so the 2 agents of a run are answered at once, never queued."""
+    need_llama_server()
+    log = tmp_path_factory.mktemp("llama-server-tools") / "llama-server.log"
+    srv = LlamaServerProc.start(model_path(), log, parallel=2, ctx=4096, jinja=True,
+                                extra=["--chat-template-file", str(TOOL_TEMPLATE)])
+    yield srv
+    srv.stop()
 
 
 def run(srv: LlamaServerProc, tmp_path: Path, overrides: list[str], name: str = "run"):
@@ -246,3 +265,34 @@ def test_model_mode_against_a_template_that_cannot_call_tools_says_so(server, tm
     ev = "\n".join(v["evidence"])
     assert "the server cannot call tools: llama.cpp's /props says its chat template does not support tool calls" in ev
     assert "asks the server for a tool call" not in ev, ev
+
+
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_model_mode_the_models_own_tool_calls_drive_every_round(tool_server, tmp_path, api):
+    """Issue 29: mode = "model" in each API against a template that can call tools, tool_choice
+    "required": every answer of every round is one tool call parsed from the model's own stream
+    (nothing before it), sent back with its result in the next round, to the last round: healthy."""
+    summary, text, recs, meta = run(tool_server, tmp_path, [
+        "agents.count=2", "agents.rounds=3", 'conversation.mode="model"', "conversation.tools=2",
+        'conversation.tool_choice="required"',
+        # room for a whole call (the model pretty-prints its JSON: about 50 tokens)
+        "conversation.max_tokens=96",
+        # each answer takes seconds, far longer on a 2-core machine busy with other work; a stall
+        # is another test's case
+        "stall.after_s=120.0", "stall.give_up_s=300.0", "client.total_timeout_s=600", f"target.api={api}"])
+    assert meta["server_props"]["supports_tool_calls"] is True, meta["server_props"]
+    assert summary["verdict"]["kind"] == "healthy", text
+    agent = [r for r in recs if r.kind == "agent"]
+    assert len(agent) == 6, text
+    for r in agent:
+        assert r.outcome == "ok" and r.status == 200 and r.finish_reason == "tool_calls", (r, text)
+        assert r.tool_calls == 1 and r.tool_call_problems is None and r.bad_events == 0, r
+        assert r.first_output == "tool", r  # the call came first: no text before it
+    for a in (0, 1):
+        mine = sorted((r for r in agent if r.agent == a), key=lambda r: r.round)
+        assert [r.round for r in mine] == [1, 2, 3], text
+        # each round's request carried the previous rounds' calls and their results (2 messages a
+        # round), and the server read a longer prompt each time
+        assert [r.messages for r in mine] == [2, 4, 6], [r.messages for r in mine]
+        prompts = [r.server_prompt_tokens for r in mine]
+        assert all(prompts) and prompts[0] < prompts[1] < prompts[2], prompts

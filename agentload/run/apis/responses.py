@@ -171,6 +171,8 @@ class ResponsesStream(EventReader):
         item = obj["item"]
         if item["type"] == "function_call":
             idx = obj.get("output_index")
+            if type(idx) is not int:  # (llama-server's events carry no output_index: the item's id joins them)
+                idx = self._by_item.get(item.get("id"))
             if type(idx) is not int or idx not in self.calls.calls:
                 # a call that came only whole: its name and arguments are output
                 self.calls.open(idx if type(idx) is int else len(self.calls), item.get("call_id"), item.get("name"),
