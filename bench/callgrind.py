@@ -2,6 +2,7 @@
 
     python -m bench.callgrind                        # burst rows at 8 and 64 streams (about 30 minutes)
     python -m bench.callgrind --rows burst:8 --no-cache-sim    # instructions only, faster
+    python -m bench.callgrind --rows burst:8 --apis messages,responses --code /tmp/before   # + the same, other code
 
 Timings on a shared 2-core VM move by 10-30% from one minute to the next, and this VM has no
 hardware counters (`perf stat` says "not supported"). valgrind's callgrind counts the instructions a
@@ -27,6 +28,10 @@ Per request it prints: instructions (Ir), L1 instruction-cache misses (I1), L1 d
 estimate CEst = Ir + 10 Bm + 10 L1 misses + 100 LL misses (a model, not a measurement: it says where
 two clients that execute about as many instructions part ways). The agentload run's bodies grow round
 after round; the baseline is given the mean body agentload sends in rounds R1+1..R2.
+
+`--apis`: the rows of each API, as in `bench/run.py` (the raw loop reading that API's stream to its
+terminal event against agentload with `target.api` set). `--code DIR`: also agentload with its package
+imported from DIR (a git archive of another commit), on the same server: the A/B of a change.
 
 Under valgrind a client runs some 50-100x slower while the server does not, so more of each answer
 waits in the socket per read than in a native run: the counts are those of a busier client than the
@@ -97,7 +102,7 @@ def _derived(d: dict[str, float]) -> dict[str, float]:
     return d
 
 
-def bare_agentload(url: str, conc: int, rounds: int) -> int:
+def bare_agentload(url: str, conc: int, rounds: int, api: str = "chat") -> int:
     """agentload's run as bench/agentload_client.py makes it, minus reading the records back and
     the summary (their cost grows with the records, and would be counted as the requests').
     Returns the records written."""
@@ -105,7 +110,7 @@ def bare_agentload(url: str, conc: int, rounds: int) -> int:
     from agentload.run.runner import InProcess
     from bench.agentload_client import bench_scenario
 
-    sc = bench_scenario(url, conc, rounds, [])
+    sc = bench_scenario(url, conc, rounds, api_sets(api))
     with tempfile.TemporaryDirectory(prefix="agentload-callgrind-") as d:
         out = Path(d) / "run"
         asyncio.run(InProcess().run(prepare(sc, out, url, embedded_mock=False, install_signals=False)))
@@ -113,8 +118,13 @@ def bare_agentload(url: str, conc: int, rounds: int) -> int:
             return sum(1 for _ in f)
 
 
+def api_sets(api: str) -> list[str]:
+    """The scenario overrides of an API's agentload rows (none for chat)."""
+    return [] if api == "chat" else [f'target.api="{api}"']
+
+
 def _callgrind(cmd: list[str], out: Path, cpu: str | None, cache_sim: bool,
-               timeout_s: float) -> tuple[dict[str, int], float]:
+               timeout_s: float, code: Path | None = None) -> tuple[dict[str, int], float]:
     """The counts of one run under callgrind, and its wall-clock seconds."""
     import subprocess
     import time
@@ -124,7 +134,7 @@ def _callgrind(cmd: list[str], out: Path, cpu: str | None, cache_sim: bool,
         vg += ["--cache-sim=yes", "--branch-sim=yes"]
     t0 = time.perf_counter()
     p = subprocess.run(pinned(vg + cmd, cpu), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, env=bench_env(), cwd=REPO, timeout=timeout_s, check=False)
+                       stderr=subprocess.PIPE, env=bench_env(code), cwd=REPO, timeout=timeout_s, check=False)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} under callgrind failed ({p.returncode}): "
@@ -133,15 +143,15 @@ def _callgrind(cmd: list[str], out: Path, cpu: str | None, cache_sim: bool,
 
 
 def measure(mode: str, conc: int, r1: int, r2: int, cache_sim: bool, ttft_ms: float, chunks: int,
-            interval_ms: float, idle_ms: float,
-            notes: list[str]) -> dict[str, tuple[dict[str, float], dict[str, float]]]:
+            interval_ms: float, idle_ms: float, notes: list[str], api: str = "chat",
+            code: Path | None = None) -> dict[str, tuple[dict[str, float], dict[str, float]]]:
     """Both clients on one server (and on the idle one): {client: (per request, per second)};
     where the clock's share could not be told apart, a line in `notes`."""
     py = sys.executable
     srv_cpu, cli_cpu = cpus()
     from bench.agentload_client import mean_body_bytes
 
-    body = mean_body_bytes(conc, r2, [], first_round=r1 + 1)
+    body = mean_body_bytes(conc, r2, api_sets(api), first_round=r1 + 1)
     res: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
     budget = 900 + 60 * r2 * conc * (ttft_ms + chunks * interval_ms) / 1000.0 + 4 * idle_ms / 1000.0
     with contextlib.ExitStack() as stack:
@@ -149,26 +159,28 @@ def measure(mode: str, conc: int, r1: int, r2: int, cache_sim: bool, ttft_ms: fl
         plan = [(stack.enter_context(Server(srv_cpu, ttft_ms, chunks, interval_ms)), (r1, r2), "main")]
         if idle_ms > 0:
             plan.append((stack.enter_context(Server(srv_cpu, idle_ms, chunks, interval_ms)), (1, 2), "idle"))
-        for client in ("baseline", "agentload"):
+        clients = ["baseline", "agentload"] + (["agentload (--code)"] if code is not None else [])
+        for client in clients:
             pairs = []
             for server, (a, b), tag in plan:
                 runs = []
                 for rounds in (a, b):
                     if client == "baseline":
                         cmd = [py, "-m", "bench.baseline", "--url", server.url, "--concurrency", str(conc),
-                               "--requests", str(rounds), "--body-bytes", str(body),
+                               "--requests", str(rounds), "--body-bytes", str(body), "--api", api,
                                "--result", str(Path(tmp) / "result.json")]
                     else:
-                        cmd = [py, "-m", "bench.callgrind", "--bare-agentload", server.url, str(conc), str(rounds)]
-                    runs.append(_callgrind(cmd, Path(tmp) / f"{client}.{tag}.{rounds}.out", cli_cpu, cache_sim,
-                                           budget))
+                        cmd = [py, "-m", "bench.callgrind", "--bare-agentload", server.url, str(conc), str(rounds),
+                               api]
+                    runs.append(_callgrind(cmd, Path(tmp) / f"{client.split()[-1].strip('(-)')}.{tag}.{rounds}.out",
+                                           cli_cpu, cache_sim, budget, code if client.endswith("(--code)") else None))
                 (short, w_short), (long, w_long) = runs
                 pairs.append((short, long, conc * (b - a), w_long - w_short))
             if len(pairs) == 2 and clock_separable(pairs[0], pairs[1]):
                 res[client] = split_clock(pairs[0], pairs[1])
             else:  # the clock's share stays in the per-request figure (Ir/s: "-")
                 if len(pairs) == 2:
-                    notes.append(f"{mode} {conc} {client}: the idle pair ({pairs[1][2]} requests in "
+                    notes.append(f"{mode}{'' if api == 'chat' else ' ' + api} {conc} {client}: the idle pair ({pairs[1][2]} requests in "
                                  f"{pairs[1][3]:.0f} s) could not separate the per-second work from "
                                  f"{pairs[0][2]} requests in {pairs[0][3]:.0f} s; raise --idle-ms")
                 short, long, n, _ = pairs[0]
@@ -207,9 +219,9 @@ def render(rows: list[tuple[str, int, str, dict[str, float], dict[str, float]]])
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--bare-agentload"]:  # the child: python -m bench.callgrind --bare-agentload URL CONC ROUNDS
+    if argv[:1] == ["--bare-agentload"]:  # the child: python -m bench.callgrind --bare-agentload URL CONC ROUNDS API
         url, conc, rounds = argv[1], int(argv[2]), int(argv[3])
-        n = bare_agentload(url, conc, rounds)
+        n = bare_agentload(url, conc, rounds, argv[4] if len(argv) > 4 else "chat")
         if n != conc * rounds:
             raise SystemExit(f"agentload wrote {n} records, expected {conc * rounds}")
         return 0
@@ -218,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated mode:concurrency (mode paced or burst), default %(default)s")
     ap.add_argument("--rounds", default="10,30", help="R1,R2: rounds of the short and the long run (%(default)s)")
     ap.add_argument("--no-cache-sim", action="store_true", help="instructions only (about twice as fast)")
+    ap.add_argument("--apis", default="chat", help="the APIs of the rows, comma list of chat, messages, responses "
+                                                   "(each API's rows: its raw loop and agentload with target.api set)")
+    ap.add_argument("--code", type=Path, default=None,
+                    help="also agentload with its package imported from this folder (e.g. a git archive of an "
+                         "earlier commit: mkdir /tmp/before && git archive REV agentload | tar -x -C /tmp/before)")
     ap.add_argument("--ttft-ms", type=float, default=50.0)
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--interval-ms", type=float, default=5.0, help="between chunks in the paced rows")
@@ -231,12 +248,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         r1, r2 = (int(x) for x in a.rounds.split(","))
         plan = [(m.strip(), int(c)) for m, c in (x.split(":") for x in a.rows.split(",") if x.strip())]
+        apis = [x.strip() for x in a.apis.split(",") if x.strip()]
     except ValueError:
         print(f"bench.callgrind: --rounds R1,R2 (two whole numbers) and --rows mode:conc,... expected "
               f"(got --rounds {a.rounds!r}, --rows {a.rows!r})", file=sys.stderr)
         return 2
     if not 0 < r1 < r2 or any(m not in ("paced", "burst") or c < 1 for m, c in plan):
         print("bench.callgrind: need 0 < R1 < R2, modes paced or burst, concurrency >= 1", file=sys.stderr)
+        return 2
+    if not apis or any(x not in ("chat", "messages", "responses") for x in apis):
+        print(f"bench.callgrind: --apis: a comma list of chat, messages, responses expected (got {a.apis!r})",
+              file=sys.stderr)
         return 2
     print(f"machine: {machine()}")
     print(f"callgrind{' with cache and branch simulation' if not a.no_cache_sim else ''}; the counts of "
@@ -246,14 +268,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     notes: list[str] = []
     for mode, conc in plan:
-        try:
-            res = measure(mode, conc, r1, r2, not a.no_cache_sim, a.ttft_ms, a.chunks,
-                          a.interval_ms if mode == "paced" else 0.0, a.idle_ms, notes)
-        except ValueError as e:
-            print(f"bench.callgrind: {mode} {conc}: {e}", file=sys.stderr)
-            return 1
-        rows += [(mode, conc, client, per_req, per_s) for client, (per_req, per_s) in res.items()]
-        print(f"  {mode} {conc}: done", flush=True)
+        for api in apis:
+            row = mode if api == "chat" else f"{mode} {api}"
+            try:
+                res = measure(mode, conc, r1, r2, not a.no_cache_sim, a.ttft_ms, a.chunks,
+                              a.interval_ms if mode == "paced" else 0.0, a.idle_ms, notes, api, a.code)
+            except ValueError as e:
+                print(f"bench.callgrind: {row} {conc}: {e}", file=sys.stderr)
+                return 1
+            rows += [(row, conc, client, per_req, per_s) for client, (per_req, per_s) in res.items()]
+            print(f"  {row} {conc}: done", flush=True)
     print(render(rows))
     for line in notes:
         print("note: " + line)

@@ -92,21 +92,24 @@ def test_callgrind_counts_a_request_of_each_client(tmp_path):
     of instructions (the interpreter's start-up, ~100 M, cancels out of the difference). The
     split into per request and per second (`--idle-ms`, 4 more runs) is left to the arithmetic
     test below, to keep this under a minute. Needs valgrind, which .ci/run installs: without it,
-    skipped locally and failed under CI (as the llama.cpp tier)."""
+    skipped locally and failed under CI (as the llama.cpp tier). A second API's rows too: its raw
+    loop and agentload speaking it (`--apis`)."""
     if shutil.which("valgrind") is None:
         if os.environ.get("CI"):
             pytest.fail("CI must run bench.callgrind's test, not skip it: valgrind is not installed", pytrace=False)
         pytest.skip("valgrind is not installed (Debian's package; bash .ci/run installs it)")
     p = subprocess.run([sys.executable, "-m", "bench.callgrind", "--rows", "burst:4", "--rounds", "2,6",
-                        "--ttft-ms", "5", "--chunks", "4", "--no-cache-sim", "--idle-ms", "0"],
-                       capture_output=True, text=True, timeout=600, cwd=REPO)
+                        "--ttft-ms", "5", "--chunks", "4", "--no-cache-sim", "--idle-ms", "0", "--apis", "chat,messages"],
+                       capture_output=True, text=True, timeout=900, cwd=REPO)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     rows = {}
     for line in p.stdout.splitlines():
         cells = line.split()
         if cells[:2] == ["burst", "4"]:
             rows[cells[2]] = int(cells[3].replace(",", ""))
-    assert set(rows) == {"baseline", "agentload"}, p.stdout
+        elif cells[:3] == ["burst", "messages", "4"]:
+            rows[cells[3] + " messages"] = int(cells[4].replace(",", ""))
+    assert set(rows) == {"baseline", "agentload", "baseline messages", "agentload messages"}, p.stdout
     assert all(1e5 < v < 5e7 for v in rows.values()), p.stdout
 
 
