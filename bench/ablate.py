@@ -225,8 +225,9 @@ def _gc(p: Patch) -> None:
 
 
 def _shape(p: Patch) -> None:
-    """Every chunk parsed as an object (no learned token-chunk shapes in ChatStream)."""
-    p.set("agentload.run.chat_stream:_MAX_SHAPES", 0)
+    """Every chunk parsed as an object (no learned token-event shapes in any API's reader)."""
+    p.set("agentload.run.chat_stream:MAX_SHAPES", 0)
+    p.set("agentload.run.apis.reader:MAX_SHAPES", 0)
 
 
 def _direct(p: Patch) -> None:

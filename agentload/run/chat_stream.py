@@ -68,17 +68,17 @@ from agentload.run.apis.reader import (
     DONE,
     ERROR,
     FINISH,
+    MAX_SHAPES,
     TOKEN,
     USAGE,
     AnswerReader,
+    Shape,
     error_text,
     short,
 )
 from agentload.run.apis.tool_calls import NAME, PIECES
 
 __all__ = ["TOKEN", "FINISH", "USAGE", "DONE", "ERROR", "BAD_JSON", "ChatStream"]
-
-_MAX_SHAPES = 4  # token-chunk shapes learned per stream (a server whose every chunk differs: the parsed path)
 
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
@@ -87,110 +87,27 @@ _JSONDecodeError = orjson.JSONDecodeError
 class ChatStream(AnswerReader):
     """Accumulates one chat-completions response; see the module docstring."""
 
-    __slots__ = ("_shape", "_learned")
-
-    def __init__(self) -> None:
-        super().__init__()
-        # The stream's usual token chunk as bytes around its one changing string (see `_learn`):
-        # (head, tail, where the string goes: None for content, else a tool call's index), or None.
-        self._shape: tuple[bytes, bytes, int | None] | None = None
-        self._learned = 0  # shapes learned so far (at most _MAX_SHAPES per stream)
+    __slots__ = ()
 
     # ------------------------------------------------------------------ streaming
+    # (`add` and `add_many`, the read loop with the learned token-chunk shape: `AnswerReader`'s)
 
-    def add(self, payload: bytes) -> int:
-        """Add one SSE data payload; return a bitmask of TOKEN|FINISH|USAGE|DONE|ERROR|BAD_JSON."""
-        return self.add_many((payload,))
-
-    def add_many(self, payloads: Iterable[bytes]) -> int:
-        """Add SSE data payloads, in stream order (the events of one read); return the bitmask of
-        what any of them carried (`add`'s flags, or-ed). Each payload is taken exactly as by `add`
-        (which is this with one payload).
-
-        A stream's token chunks differ from one another only in their text (the same id, model,
-        created, index and nulls around it), so once a chunk has been parsed and its shape learned
-        (`_learn`), a payload that is byte for byte that shape around one JSON string is a chunk of
-        that shape carrying that string: it is not parsed as an object. The strings of a read's
-        such chunks are decoded together by one `orjson.loads` of an array, which also validates
-        each of them (see `_add_shaped`); anything else, or a batch that does not decode to
-        exactly one string per chunk, goes through `_add_one`: every chunk is still checked."""
-        out = 0
-        shaped: list[bytes] | None = None
-        shape = self._shape
-        head, tail, least = (shape[0], shape[1], len(shape[0]) + len(shape[1])) if shape else (None, b"", 0)
-        for payload in payloads:
-            if head is not None and payload.startswith(head) and payload.endswith(tail) and len(payload) >= least:
-                if shaped is None:
-                    shaped = [payload]
-                else:
-                    shaped.append(payload)
-                continue
-            if shaped:
-                out |= self._add_shaped(shaped, shape)  # type: ignore[arg-type]
-                shaped = None
-            out |= self._add_one(payload)
-            if self._shape is not shape:
-                shape = self._shape
-                head, tail, least = shape[0], shape[1], len(shape[0]) + len(shape[1])  # type: ignore[index]
-        if shaped:
-            out |= self._add_shaped(shaped, shape)  # type: ignore[arg-type]
-        return out
-
-    def _add_shaped(self, payloads: list[bytes], shape: tuple[bytes, bytes, int | None]) -> int:
-        """Payloads that are `shape`'s head, then the bytes of one JSON string's contents, then its
-        tail. The contents are decoded as one array, `["c1",\n"c2",...]`: a raw line break may not
-        occur inside a JSON string, so no string can run from one payload's part into the next, and
-        the array has exactly one element per payload only if each part is exactly one string's
-        contents (so each payload is the learned chunk with another string in it). Otherwise each
-        payload is taken on its own (`_add_one`), as if there were no shape."""
+    def _add_shaped(self, payloads: list[bytes], shape: Shape) -> int:
+        """Payloads of the learned shape (`AnswerReader.add_many`): their strings taken as their
+        chunks' parse would have, or each taken on its own (`_add_one`) where they are not all of
+        that shape."""
         if self.done:  # after [DONE]: counted, never taken (a read's shaped chunks before it went first)
             return self._after_done(payloads)
-        head, tail, call = shape
-        a, b = len(head), len(tail)
-        try:
-            texts = _loads(b'["' + b'",\n"'.join([p[a:len(p) - b] for p in payloads]) + b'"]')
-        except _JSONDecodeError:
-            texts = None
-        n = len(payloads)
-        if texts is None or len(texts) != n:
+        texts = self._shaped_texts(payloads, shape)
+        if texts is None:
             out = 0
             for p in payloads:
                 out |= self._add_one(p)
             return out
-        self.chunks += n
+        call = shape[2]
         if call is not None:
             self.calls.last_index = call
-        tokens = n - texts.count("")
-        if not tokens:
-            return 0
-        if call is None:
-            self._content.extend(texts)
-        else:
-            self.calls.calls[call][PIECES].extend(texts)
-        if self.token_chunks == 0 and self.first_token_payload is None:
-            self.first_token_payload = payloads[next(i for i, t in enumerate(texts) if t)]
-            self.first_kind = "text" if call is None else "tool"
-        self.token_chunks += tokens
-        return TOKEN
-
-    def _learn(self, payload: bytes, text: str, call: int | None) -> None:
-        """`payload` was a token chunk whose one output string is `text` (content, or the arguments
-        of tool call `call`). Keep the bytes around that string as the stream's shape when they
-        can only be that: the key's name (`"content"`, `"arguments"`) occurs once in the payload,
-        right before a colon and the string as orjson writes it. (Quotes inside a JSON string are escaped, so those
-        bytes are the object's own key; another spelling of the same text, `\\u00e9` for an accent,
-        learns nothing and the stream's chunks are parsed.)"""
-        self._learned += 1
-        name = b'"content"' if call is None else b'"arguments"'
-        if payload.count(name) != 1:  # (also as a string anywhere else, or the key spelt with spaces)
-            return
-        key = name + b":"
-        lit = orjson.dumps(text)
-        at = payload.find(key + lit)
-        if at < 0:
-            return
-        a = at + len(key) + 1  # just past the string's opening quote
-        self._shape = (payload[:a], payload[a + len(lit) - 2:], call)
+        return TOKEN if self._take_shaped(payloads, texts, call) else 0
 
     def _add_one(self, payload: bytes) -> int:
         """One payload, parsed and looked at field by field (learns the stream's shape from a
@@ -259,10 +176,10 @@ class ChatStream(AnswerReader):
                         raise TypeError("finish_reason")
                     self.finish_reason = fr
                     flags |= FINISH
-                elif (flags and self._learned < _MAX_SHAPES and len(choices) == 1 and len(delta) == 1
+                elif (flags and self._learned < MAX_SHAPES and len(choices) == 1 and len(delta) == 1
                       and not obj.get("usage")):  # a plain token chunk: the stream's shape (`_learn`)
                     if c:
-                        self._learn(payload, c, None)
+                        self._learn(payload, b'"content"', c, None)
                     elif tc and len(tc) == 1:
                         self._learn_call(payload, tc[0])
         except (AttributeError, TypeError):
@@ -314,7 +231,7 @@ class ChatStream(AnswerReader):
             return
         args = fn["arguments"]
         if type(args) is str and args and idx in self.calls.calls:
-            self._learn(payload, args, idx)
+            self._learn(payload, b'"arguments"', args, idx)
 
     def add_error_event(self, payload: bytes) -> int:
         """Add the payload of an SSE ``event: error``: always reports ERROR.

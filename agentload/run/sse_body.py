@@ -3,7 +3,7 @@
 aiohttp fires no signal while a body is read, so the read loop stamps first byte, tokens and
 completion itself. Each block of bytes is handed to `SSEBody.feed` as aiohttp's parser delivers it
 (`body_sink`: no task wake-up per read; `readany()` where that path is not available), which
-splits SSE events from the block and hands each data payload to the API's reader (`apis`). An SSE
+splits SSE events from the block and hands the data payloads to the API's reader (`apis`). An SSE
 comment (`: ping`) is counted, never taken as progress; an `event: error` goes to the reader's
 `add_error_event`. Malformed events are counted in `Trace.bad_events` even when the request is
 otherwise ok; `first_token` is stamped only when a token arrived.
@@ -43,6 +43,41 @@ def server_stamp(payload: bytes) -> int | None:
         return None
 
 
+def _data_lines(data: bytes, end: int) -> tuple[bytes, ...] | list[bytes]:
+    """The payloads of `data[:end]` if it is whole one-line `data:` events only (chat's), else ()."""
+    if data.find(b"\n", 6) == end:  # one event (a paced stream's read)
+        return (data[6:end],)
+    payloads = data[6:end].split(b"\n\ndata: ")
+    if data.count(b"\n", 6, end) != 2 * len(payloads) - 2:  # a line break inside an event: not one-line events
+        return ()
+    return payloads
+
+
+def _named_events(data: bytes, end: int) -> list[bytes]:
+    """The payloads of `data[:end]` if it is whole events of one `event:` line and one `data:` line
+    each (Messages', Responses'), none of them `event: error`, else []. Lines go in threes (name,
+    data, the blank line between two events): with no line break inside a line, the data lines
+    joined by line breaks split on `\\ndata: ` into one payload per event exactly when every one
+    of them is a `data:` line, and likewise the names."""
+    i = data.find(b"\n", 7)  # the end of the first event's name
+    if data.find(b"\n", i + 1) == end:  # one event (a paced stream's read)
+        if data[i:i + 7] != b"\ndata: " or (i == 12 and data[7:12] == b"error"):
+            return []
+        return [data[i + 7:end]]
+    lines = data[:end].split(b"\n")
+    k = (len(lines) + 1) // 3
+    if len(lines) != 3 * k - 1 or any(lines[2::3]):
+        return []
+    names = lines[0::3]
+    if b"event: error" in names or b"\n".join(names).count(b"\nevent: ") != k - 1:
+        return []
+    datas = b"\n".join(lines[1::3])
+    if datas[:6] != b"data: ":
+        return []
+    payloads = datas[6:].split(b"\ndata: ")
+    return payloads if len(payloads) == k else []
+
+
 class SSEBody:
     """The read loop's per-read work: stamps, SSE events, chunk accumulation.
 
@@ -51,11 +86,12 @@ class SSEBody:
     after `await content.readany()`. Every stamp is a read's: first byte, first token (the read
     that carried the first token), the gaps between tokens (between the reads that carried them).
 
-    A read of whole one-line `data:` events only (a paced stream's one event, a burst's whole
-    answer), while nothing is held from an earlier read (`plain`), is split into its payloads in
-    one pass (a few C scans, one split) and handed to `ChatStream.add_many` in one call; anything
-    else (comments, `event:` lines, CRs, a partial event, a BOM) goes through the SSE decoder
-    event by event. The decoder is made when it is first needed (most streams never need it), and
+    A read of whole one-line `data:` events only (chat's: a paced stream's one event, a burst's
+    whole answer), or of whole events of one `event:` line and one `data:` line each (Messages',
+    Responses'; no `event: error` among them), while nothing is held from an earlier read
+    (`plain`), is split into its payloads in a few C scans and splits and handed to the reader's
+    `add_many` in one call; anything else (comments, other lines, CRs, a partial event, a BOM, an
+    `event: error`) goes through the SSE decoder event by event. The decoder is made when it is first needed (most streams never need it), and
     its `bytes_fed`/`events` count only what it saw. `chunks` and `token_chunks` are the
     reader's (one count, copied to the trace by `sync`).
 
@@ -137,18 +173,18 @@ class SSEBody:
         trace = self.trace
         if trace.bytes_in == 0:
             self.t.setdefault("first_byte", now)
-            if self.dec is None and data[:6] == b"data: ":  # the first read, and no BOM before it
+            if self.dec is None and (data[:6] == b"data: " or data[:7] == b"event: "):  # no BOM before it
                 self.plain = True
         trace.bytes_in += len(data)
-        if self.plain and data[:6] == b"data: " and b"\r" not in data:
+        if self.plain and b"\r" not in data:
             end = data.rfind(b"\n\n")  # the end of the read's last whole event
             if end > 0:
-                if data.find(b"\n", 6) == end:  # one event (a paced stream's read)
-                    payloads: tuple[bytes, ...] | list[bytes] = (data[6:end],)
+                if data[:6] == b"data: ":
+                    payloads = _data_lines(data, end)
+                elif data[:7] == b"event: ":
+                    payloads = _named_events(data, end)
                 else:
-                    payloads = data[6:end].split(b"\n\ndata: ")
-                    if data.count(b"\n", 6, end) != 2 * len(payloads) - 2:  # a line break inside an event: not one-line events
-                        payloads = ()
+                    payloads = ()
                 if payloads:
                     cs = self.cs
                     had = cs.token_chunks

@@ -230,6 +230,16 @@ class MessagesStream(EventReader):
         self.usage = usage or None
         return USAGE if usage else 0
 
+    def _shaped(self, obj: dict) -> tuple[bytes, str, int | None] | None:
+        """A text or input_json delta (a token: the handler took it) is its one string."""
+        if obj["type"] == "content_block_delta":
+            d = obj["delta"]
+            if d["type"] == "text_delta":
+                return b'"text"', d["text"], None
+            if d["type"] == "input_json_delta" and type(obj["index"]) is int:
+                return b'"partial_json"', d["partial_json"], obj["index"]
+        return None
+
     HANDLERS: dict[str, Handler] = {
         "content_block_delta": _block_delta, "content_block_start": _block_start, "message_start": _message_start,
         "message_delta": _message_delta, "message_stop": _message_stop, "error": EventReader._error_object,

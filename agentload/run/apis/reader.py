@@ -2,9 +2,10 @@
 error texts, and the assistant turn it gives back.
 
 `AnswerReader` holds the fields and results every reader has (chat's `ChatStream`, Messages'
-`MessagesStream`, Responses' `ResponsesStream`), its tool calls in one `ToolCalls`; `EventReader`
-adds the read loop of the APIs whose events name their own `type` and end with a terminal event
-(Messages, Responses): each subclass gives a table of handlers, one per event type.
+`MessagesStream`, Responses' `ResponsesStream`), its tool calls in one `ToolCalls`, and the read
+loop (`add_many`) that takes a stream's token events by their learned shape (see `add_many`);
+`EventReader` adds the parsing of the APIs whose events name their own `type` and end with a
+terminal event (Messages, Responses): each subclass gives a table of handlers, one per event type.
 
 Flags (what a data event carried, or-ed over a read's events):
 
@@ -20,11 +21,11 @@ Flags (what a data event carried, or-ed over a read's events):
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Optional, Tuple
 
 import orjson
 
-from agentload.run.apis.tool_calls import ToolCalls
+from agentload.run.apis.tool_calls import PIECES, ToolCalls
 
 TOKEN = 1
 FINISH = 2
@@ -35,6 +36,11 @@ BAD_JSON = 32
 
 _ERROR_MAX = 300  # characters kept in .error
 BAD_SAMPLE = 120  # bytes of the first malformed payload kept in .first_bad
+MAX_SHAPES = 4  # token-event shapes learned per stream (a server whose every event differs: the parsed path)
+
+# A stream's usual token event as the bytes around its one changing JSON string (`_learn`): (head,
+# tail, where the string goes: None for the answer's text, else a tool call's index)
+Shape = Tuple[bytes, bytes, Optional[int]]
 
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
@@ -93,7 +99,8 @@ class AnswerReader:
 
     __slots__ = ("id", "model", "fingerprint", "finish_reason", "usage", "error", "errors", "chunks", "token_chunks",
                  "bad_json", "first_bad", "done", "dones", "no_choices", "not_completion", "first_token_payload",
-                 "first_kind", "after_done", "after_done_tokens", "first_after_done", "_content", "calls")
+                 "first_kind", "after_done", "after_done_tokens", "first_after_done", "_content", "calls", "_shape",
+                 "_learned")
 
     def __init__(self) -> None:
         self.id: str | None = None
@@ -118,12 +125,117 @@ class AnswerReader:
         self.first_after_done: bytes | None = None  # the first one's leading bytes
         self._content: list[str] = []
         self.calls = ToolCalls()
+        self._shape: Shape | None = None  # the stream's usual token event (`_learn`), or None
+        self._learned = 0  # shapes learned so far (at most MAX_SHAPES per stream)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(chunks={self.chunks}, token_chunks={self.token_chunks}, "
                 f"content_chars={len(self.content)}, tool_calls={len(self.calls)}, "
                 f"finish_reason={self.finish_reason!r}, usage={self.usage is not None}, "
                 f"done={self.done}, errors={self.errors}, bad_json={self.bad_json})")
+
+    # ------------------------------------------------------------------ streaming
+
+    def add(self, payload: bytes) -> int:
+        """Add one SSE data payload; return its flags (TOKEN|FINISH|USAGE|DONE|ERROR|BAD_JSON)."""
+        return self.add_many((payload,))
+
+    def add_many(self, payloads: Iterable[bytes]) -> int:
+        """Add SSE data payloads, in stream order (the events of one read); return the flags of what
+        any of them carried (`add`'s, or-ed). Each payload is taken exactly as by `add` (which is
+        this with one payload).
+
+        A stream's token events differ from one another only in their text (the same id, type,
+        index and nulls around it), so once one has been parsed and its shape learned (`_learn`),
+        a payload that is byte for byte that shape around one JSON string is an event of that shape
+        carrying that string: it is not parsed as an object. The strings of a read's such events
+        are decoded together by one `orjson.loads` of an array, which also validates each of them
+        (`_shaped_texts`); anything else, or a batch that does not decode to exactly one string per
+        event, goes through `_add_one` (the API's own parse): every event is still checked."""
+        out = 0
+        shaped: list[bytes] | None = None
+        shape = self._shape
+        head, tail, hl = (shape[0], shape[1], len(shape[0])) if shape else (None, b"", 0)
+        for payload in payloads:
+            # (the tail is looked for after the head: the two cannot overlap)
+            if head is not None and payload.startswith(head) and payload.endswith(tail, hl):
+                if shaped is None:
+                    shaped = [payload]
+                else:
+                    shaped.append(payload)
+                continue
+            if shaped:
+                out |= self._add_shaped(shaped, shape)  # type: ignore[arg-type]
+                shaped = None
+            out |= self._add_one(payload)
+            if self._shape is not shape:
+                shape = self._shape
+                head, tail, hl = shape[0], shape[1], len(shape[0])  # type: ignore[index]
+        if shaped:
+            out |= self._add_shaped(shaped, shape)  # type: ignore[arg-type]
+        return out
+
+    def _add_one(self, payload: bytes) -> int:
+        """One payload, parsed and taken field by field (the API's reader)."""
+        raise NotImplementedError
+
+    def _add_shaped(self, payloads: list[bytes], shape: Shape) -> int:
+        """Payloads of the learned `shape` (`add_many`); their flags."""
+        raise NotImplementedError
+
+    def _learn(self, payload: bytes, key: bytes, text: str, call: int | None) -> None:
+        """`payload` was a token event whose whole effect was its one output string `text`, the value
+        of `key` (`b'"content"'`, `b'"text"'`, ...): the answer's text (call None) or a piece of the
+        arguments of tool call `call`. Keep the bytes around that string as the stream's shape when
+        they can only be that: the key occurs once in the payload, right before a colon and the
+        string as orjson writes it. (Quotes inside a JSON string are escaped, so those bytes are the
+        object's own key; another spelling of the same text, `\\u00e9` for an accent, learns
+        nothing and the stream's events are parsed.)"""
+        self._learned += 1
+        if payload.count(key) != 1:  # (also as a string anywhere else, or the key spelt with spaces)
+            return
+        key += b":"
+        lit = orjson.dumps(text)
+        at = payload.find(key + lit)
+        if at < 0:
+            return
+        a = at + len(key) + 1  # just past the string's opening quote
+        self._shape = (payload[:a], payload[a + len(lit) - 2:], call)
+
+    @staticmethod
+    def _shaped_texts(payloads: list[bytes], shape: Shape) -> list | None:
+        """The strings of payloads that are `shape`'s head, then the bytes of one JSON string's
+        contents, then its tail; None where they are not all that. The contents are decoded as one
+        array, `["c1",\n"c2",...]`: a raw line break may not occur inside a JSON string, so no
+        string can run from one payload's part into the next, and the array has exactly one
+        element per payload only if each part is exactly one string's contents (so each payload
+        is the learned event with another string in it)."""
+        a, b = len(shape[0]), len(shape[1])
+        try:
+            texts = _loads(b'["' + b'",\n"'.join([p[a:len(p) - b] for p in payloads]) + b'"]')
+        except _JSONDecodeError:
+            return None
+        return texts if len(texts) == len(payloads) else None
+
+    def _take_shaped(self, payloads: list[bytes], texts: list, call: int | None) -> int:
+        """Shaped payloads' strings taken, as their events' parse would have: the answer's text
+        (call None) or pieces of tool call `call`'s arguments. Returns how many carried a token
+        (an empty string is none)."""
+        n = len(payloads)
+        self.chunks += n
+        tokens = n - texts.count("")
+        if not tokens:
+            return 0
+        if call is None:
+            self._content.extend(texts)
+        else:
+            self.calls.calls[call][PIECES].extend(texts)
+        if self.first_token_payload is None:
+            self.first_token_payload = payloads[next(i for i, t in enumerate(texts) if t)]
+            if self.first_kind is None:
+                self.first_kind = "text" if call is None else "tool"
+        self.token_chunks += tokens
+        return tokens
 
     def _bad(self, payload: bytes) -> int:
         """Count one malformed event (see BAD_JSON)."""
@@ -197,18 +309,30 @@ class EventReader(AnswerReader):
     """An answer whose events each name their `type` and end with a terminal event (Messages,
     Responses). A subclass gives `HANDLERS` (event type -> handler of the parsed event, returning
     its flags; a wrong-shaped event raises AttributeError, TypeError, KeyError or ValueError and is
-    counted malformed) and `_usage`."""
+    counted malformed), `_usage`, and `_shaped` (which token events `add_many` may learn the
+    shape of)."""
 
     __slots__ = ()
     HANDLERS: dict[str, Handler] = {}
 
-    def add_many(self, payloads: Iterable[bytes]) -> int:
-        out = 0
-        for p in payloads:
-            out |= self.add(p)
-        return out
+    def _shaped(self, obj: dict) -> tuple[bytes, str, int | None] | None:
+        """A token event (its handler took it) whose whole effect is one output string: (its key,
+        the string, None for the answer's text or the int index of the tool call it is a piece
+        of); else None."""
+        return None
 
-    def add(self, payload: bytes) -> int:
+    def _add_shaped(self, payloads: list[bytes], shape: Shape) -> int:
+        texts = self._shaped_texts(payloads, shape)
+        if texts is None:
+            out = 0
+            for p in payloads:
+                out |= self._add_one(p)
+            return out
+        tokens = self._take_shaped(payloads, texts, shape[2])
+        self.no_choices += len(payloads) - tokens
+        return TOKEN if tokens else 0
+
+    def _add_one(self, payload: bytes) -> int:
         self.chunks += 1
         try:
             obj = _loads(payload)
@@ -229,6 +353,10 @@ class EventReader(AnswerReader):
             self.token_chunks += 1
             if self.first_token_payload is None:
                 self.first_token_payload = payload
+            if self._learned < MAX_SHAPES:
+                got = self._shaped(obj)
+                if got is not None:
+                    self._learn(payload, *got)
         else:
             self.no_choices += 1
         return flags

@@ -248,6 +248,16 @@ class ResponsesStream(EventReader):
         self.usage = usage or None
         return USAGE if usage else 0
 
+    def _shaped(self, obj: dict) -> tuple[bytes, str, int | None] | None:
+        """A text delta, or the arguments delta of a call named by its output_index (not by an
+        item id, whose call an item added later may change), is its one string."""
+        t = obj["type"]
+        if t == "response.output_text.delta" or t == "response.refusal.delta":
+            return b'"delta"', obj["delta"], None
+        if t == "response.function_call_arguments.delta" and type(obj.get("output_index")) is int:
+            return b'"delta"', obj["delta"], obj["output_index"]
+        return None
+
     HANDLERS: dict[str, Handler] = {
         "response.output_text.delta": _text_delta, "response.refusal.delta": _text_delta,
         "response.function_call_arguments.delta": _arguments_delta,

@@ -1,0 +1,235 @@
+"""The fast paths of the Messages and Responses readers take exactly what the slow ones take.
+
+Two shortcuts skip work on the events of a named-event stream (Anthropic's Messages, OpenAI's
+Responses): the read loop splits a read of whole `event:` + `data:` events itself, without the SSE
+decoder (`sse_body._named_events`), and the reader takes a token event that is byte for byte its
+stream's learned shape around one JSON string without parsing it as an object (`AnswerReader`'s
+`add_many`). Each is checked against the path without it, on random streams with corrupted events,
+`event: error`, comments and any split into reads: the same answer, the same counts, the same flags.
+"""
+
+from __future__ import annotations
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentload.records import Trace
+from agentload.run.apis.messages import MessagesStream
+from agentload.run.apis.reader import BAD_JSON, DONE, TOKEN
+from agentload.run.apis.responses import ResponsesStream
+from agentload.run.sse import DATA, ERROR_EVENT, SSEDecoder
+from agentload.run.sse_body import SSEBody
+
+# bytes a corruption puts near an event's text: a quote, an escape, another key, a line break, ...
+_MUTATIONS = [b'"', b'\\', b'","x":"', b'"},"y":{"z":"', b'\\"', b'\n', b'"]', b'\xff', b'{', b'}', b',', b'\\u00e9']
+
+_FIELDS = ("id", "model", "fingerprint", "finish_reason", "usage", "error", "errors", "chunks", "token_chunks",
+           "bad_json", "first_bad", "done", "dones", "no_choices", "first_token_payload", "first_kind", "content")
+
+
+def _state(r) -> dict:
+    """Everything a reader tells its readers (its tool calls as assembled, before any join)."""
+    out = {k: getattr(r, k) for k in _FIELDS}
+    out["calls"] = {i: [c[0], c[1], c[2], "".join(c[3]), c[4]] for i, c in r.calls.calls.items()}
+    out["odd"] = r.calls.odd_lines
+    out["tool_call_problems"] = r.tool_call_problems()
+    return out
+
+
+def ev(obj: dict) -> bytes:
+    return orjson.dumps(obj)
+
+
+def messages_event(kind: str, text: str, index: int) -> bytes:
+    if kind == "text":
+        return ev({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}})
+    if kind == "args":
+        return ev({"type": "content_block_delta", "index": index,
+                   "delta": {"type": "input_json_delta", "partial_json": text}})
+    if kind == "tool":
+        return ev({"type": "content_block_start", "index": index,
+                   "content_block": {"type": "tool_use", "id": f"toolu_{index}", "name": "f", "input": {}}})
+    if kind == "think":
+        return ev({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": text}})
+    if kind == "stop":
+        return ev({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}})
+    if kind == "end":
+        return ev({"type": "message_stop"})
+    if kind == "ping":
+        return ev({"type": "ping"})
+    if kind == "error":
+        return ev({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+    return b"not json"
+
+
+def responses_event(kind: str, text: str, index: int) -> bytes:
+    if kind == "text":
+        return ev({"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0,
+                   "content_index": 0, "delta": text})
+    if kind == "args":
+        return ev({"type": "response.function_call_arguments.delta", "item_id": f"fc_{index}",
+                   "output_index": index, "delta": text})
+    if kind == "args_by_item":  # no output_index: the call is found by its item id
+        return ev({"type": "response.function_call_arguments.delta", "item_id": f"fc_{index}", "delta": text})
+    if kind == "tool":
+        return ev({"type": "response.output_item.added", "output_index": index,
+                   "item": {"type": "function_call", "id": f"fc_{index}", "call_id": f"call_{index}", "name": "f",
+                            "arguments": ""}})
+    if kind == "think":
+        return ev({"type": "response.reasoning_summary_text.delta", "delta": text})
+    if kind == "stop":
+        return ev({"type": "response.output_text.done", "item_id": "msg_1", "output_index": 0, "text": text})
+    if kind == "end":
+        return ev({"type": "response.completed", "response": {"id": "resp_1", "status": "completed",
+                                                              "usage": {"input_tokens": 4, "output_tokens": 2}}})
+    if kind == "ping":
+        return ev({"type": "response.in_progress", "response": {"id": "resp_1", "model": "m"}})
+    if kind == "error":
+        return ev({"type": "response.failed", "response": {"status": "failed", "error": {"message": "boom"}}})
+    return b"not json"
+
+
+_START = {"messages": ev({"type": "message_start", "message": {"id": "msg_1", "model": "m",
+                                                               "usage": {"input_tokens": 5, "output_tokens": 1}}}),
+          "responses": ev({"type": "response.created", "response": {"id": "resp_1", "model": "m"}})}
+_MAKE = {"messages": messages_event, "responses": responses_event}
+_KINDS = {"messages": ["text", "text", "text", "args", "tool", "think", "stop", "end", "ping", "error", "bad"],
+          "responses": ["text", "text", "text", "args", "args_by_item", "tool", "think", "stop", "end", "ping",
+                        "error", "bad"]}
+
+
+@st.composite
+def event_streams(draw, api: str):
+    """A named-event stream's payloads as a server sends them (text deltas that differ only in their
+    text, tool calls and their argument deltas, the rest), some corrupted byte-wise near their text."""
+    out = [_START[api]]
+    for _ in range(draw(st.integers(0, 14))):
+        kind = draw(st.sampled_from(_KINDS[api]))
+        p = _MAKE[api](kind, draw(st.text(max_size=6)), draw(st.integers(0, 1)))
+        if draw(st.integers(0, 4)) == 0:  # corrupt it near its text
+            at = max(p.rfind(b'":"'), 0) + 3 + draw(st.integers(-3, 3))
+            p = p[:max(at, 0)] + draw(st.sampled_from(_MUTATIONS)) + p[max(at, 0) + draw(st.integers(0, 2)):]
+        out.append(p)
+    return out
+
+
+def _split(draw, items: list) -> list[list]:
+    sizes = draw(st.lists(st.integers(1, 6), min_size=len(items), max_size=len(items)))
+    reads, i = [], 0
+    for n in sizes:
+        if i >= len(items):
+            break
+        reads.append(items[i:i + n])
+        i += n
+    return reads
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), api=st.sampled_from(["messages", "responses"]))
+def test_learned_shapes_take_exactly_what_parsing_every_event_takes(data, api):
+    """A payload that matches the stream's learned shape is not parsed: the result must be what
+    parsing every event gives, whatever the events and the reads' boundaries."""
+    cls = MessagesStream if api == "messages" else ResponsesStream
+    reads = _split(data.draw, data.draw(event_streams(api)))
+    fast, slow = cls(), cls()
+    slow._learned = 99  # never learns a shape: every event parsed
+    for payloads in reads:
+        want = 0
+        for p in payloads:
+            want |= slow.add(p)
+        assert fast.add_many(payloads) == want, payloads
+    assert _state(fast) == _state(slow)
+
+
+def test_the_bench_burst_learns_the_token_shape_and_a_mismatch_is_parsed():
+    """Messages' burst: 32 text deltas in one read are taken by their shape; a delta of that shape
+    whose text is not one JSON string is parsed (a malformed event), another key next to the text too."""
+    cs = MessagesStream()
+    deltas = [messages_event("text", f" w{i}", 0) for i in range(32)]
+    assert cs.add_many([_START["messages"], *deltas, messages_event("stop", "", 0),
+                        messages_event("end", "", 0)]) & (TOKEN | DONE) == TOKEN | DONE
+    head, tail, call = cs._shape
+    assert call is None and head.endswith(b'"text":"') and tail == b'"}}'
+    assert cs.content == "".join(f" w{i}" for i in range(32)) and cs.token_chunks == 32 and cs.chunks == 35
+    assert cs.first_token_payload == deltas[0] and cs.first_kind == "text"
+    assert cs.add_many([head + b'x"y' + tail, head + b'ok' + tail]) == BAD_JSON | TOKEN
+    assert cs.bad_json == 1 and cs.content.endswith(" w31ok")
+    assert cs.add_many([head + b'x","y":"' + tail]) == TOKEN and cs.content.endswith("okx")
+
+
+def test_arguments_named_only_by_item_id_learn_no_shape():
+    """A Responses arguments delta without output_index finds its call by item id, which a later
+    item may take over: no shape is learned from it, every such delta is parsed."""
+    cs = ResponsesStream()
+    cs.add_many([responses_event("tool", "", 0), responses_event("args_by_item", '{"a"', 0)])
+    assert cs._shape is None and cs._learned == 0
+    cs.add_many([responses_event("args", ":1}", 0)])
+    assert cs._shape is not None and cs._shape[2] == 0 and cs.tool_calls[0]["function"]["arguments"] == '{"a":1}'
+
+
+# ----------------------------------------------------------------------------- the read loop's split
+
+
+def _sse(payload: bytes, rng_pick: int) -> bytes:
+    """One named event as servers write it, or (rng_pick) in a form the read loop must leave to the
+    SSE decoder: `event: error`, a comment before it, data without the space, two data lines, an
+    `id:` line, CRLF line ends."""
+    try:
+        name = str(orjson.loads(payload)["type"]).encode()
+    except (orjson.JSONDecodeError, TypeError, KeyError):
+        name = b"x"
+    if rng_pick == 1:
+        return b"event: error\ndata: " + payload + b"\n\n"
+    if rng_pick == 2:
+        return b": ping\n\nevent: " + name + b"\ndata: " + payload + b"\n\n"
+    if rng_pick == 3:
+        return b"event: " + name + b"\ndata:" + payload + b"\n\n"
+    if rng_pick == 4:
+        return b"event: " + name + b"\ndata: " + payload[:3] + b"\ndata: " + payload[3:] + b"\n\n"
+    if rng_pick == 5:
+        return b"event: " + name + b"\nid: 7\ndata: " + payload + b"\n\n"
+    if rng_pick == 6:
+        return b"event: " + name + b"\r\ndata: " + payload + b"\r\n\r\n"
+    return b"event: " + name + b"\ndata: " + payload + b"\n\n"
+
+
+def _decoded(cls, body: bytes):
+    """The reader fed event by event by the SSE decoder alone, every event parsed (the slow path),
+    and the comments the decoder saw."""
+    cs = cls()
+    cs._learned = 99
+    dec = SSEDecoder()
+    for kind, payload in dec.feed(body) + dec.flush():
+        if kind == DATA:
+            cs.add(payload)
+        elif kind == ERROR_EVENT:
+            cs.add_error_event(payload)
+    return cs, dec.comments
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), api=st.sampled_from(["messages", "responses"]))
+def test_the_read_loop_splits_named_events_as_the_decoder_does(data, api):
+    """Whole `event:` + `data:` events in a read are split by the read loop itself; anything else
+    goes to the SSE decoder. Whatever the events and the reads' boundaries, the answer is the one
+    the decoder alone gives."""
+    cls = MessagesStream if api == "messages" else ResponsesStream
+    payloads = [p for p in data.draw(event_streams(api)) if b"\n" not in p and b"\r" not in p]
+    events = [_sse(p, data.draw(st.sampled_from([0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6]))) for p in payloads]
+    body = b"".join(events)
+    if data.draw(st.booleans()):  # an event a read (a paced stream)
+        reads = events
+    else:
+        cuts = sorted(data.draw(st.lists(st.integers(1, max(1, len(body) - 1)), max_size=8, unique=True)))
+        reads = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)]) if body[a:b]]
+    trace = Trace("agent", 0, 1, 0, "r", 2, 0, 0)
+    reader = SSEBody(trace, cls)
+    for i, r in enumerate(reads):
+        reader.feed(r, 1000 + i)
+    got = reader.finish()
+    want, comments = _decoded(cls, body)
+    assert _state(got) == _state(want)
+    assert trace.token_chunks == want.token_chunks and trace.bad_events == want.bad_json
+    assert ("first_token" in trace.t) == (want.token_chunks > 0)
+    assert trace.comments == comments
