@@ -91,8 +91,13 @@ def test_long_context_hang_on_one_backend_is_named_from_the_routers_counters(tmp
 def test_failures_the_router_retried_on_the_other_worker_are_a_warning(tmp_path, stack):
     """One worker fails half its requests with 500; vllm-router retries each on the other worker,
     agents see no error: the verdict stays healthy (every answer agentload got was right), and
-    summary.json warns with the failing worker and the count the router gave."""
-    router, (good, bad) = stack([MockConfig(**BACKEND), MockConfig(**BACKEND, error_rate=0.5)], FLAGS)
+    summary.json warns with the failing worker and the count the router gave.
+
+    The router picks a retry's worker by its policy, which can be the failing one again: with its
+    default retries, 0.5 per attempt let one request in CI fail every attempt (an agent saw a 500,
+    rightly server_errors). 0.3 and ten quick retries make that about 2e-6 per request."""
+    retries = ["--retry-max-retries", "10", "--retry-max-backoff-ms", "200"]
+    router, (good, bad) = stack([MockConfig(**BACKEND), MockConfig(**BACKEND, error_rate=0.3)], FLAGS + retries)
     res = run_scenario("healthy", tmp_path / "run", _through(router))
     assert res.summary["verdict"]["kind"] == "healthy", res.text
     injected = bad.stats()["errors_injected"]
