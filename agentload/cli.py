@@ -16,12 +16,16 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 
 import typer
 
 from agentload.errors import UserError
 from agentload.redact import redact
+
+if TYPE_CHECKING:
+    from agentload.launch import Launched
+    from agentload.run.scenario import Scenario
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
                   help="Load generator for LLM serving stacks: tool-calling agents, traced phases, stall verdicts.")
@@ -75,10 +79,7 @@ def run(
     """Run a scenario and print its report (verdict first)."""
     from agentload.launch import run_to_dir
     from agentload.run.runner import default_out_dir
-    from agentload.run.scenario import load_scenario
-
-    if fail_on not in ("problem", "never"):
-        _fail(f"--fail-on: expected 'problem' or 'never', got {fail_on!r}")
+    _check_fail_on(fail_on)
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         _fail(f"--metrics-port: expected a port 0-65535, got {metrics_port}")
     if workers < 1:
@@ -98,25 +99,14 @@ def run(
         overrides.append(f"target.model={_toml_str(model)}")
     if otlp_endpoint:
         overrides.append(f"export.otlp_endpoint={_toml_str(otlp_endpoint)}")
-    try:
-        sc = load_scenario(scenario, overrides)
-    except UserError as e:
-        _fail(str(e))
+    sc = _load(scenario, overrides)
     run_dir = out or default_out_dir(sc)
     try:
         launched = run_to_dir(sc, run_dir, live=live, metrics_port=metrics_port, workers=workers, ray=ray,
                               shards=shards, shard=shard_of)
     except UserError as e:
         _fail(str(e))
-    summary, text, outcome = launched.summary, launched.text, launched.outcome
-    _echo(text)
-    recs = run_dir / ("records-w*.jsonl" if workers > 1 or ray else "records.jsonl")
-    _echo(f"records: {recs}  summary: {run_dir / 'summary.json'}  html: {run_dir / 'report.html'}", err=True)
-    kind = summary["verdict"]["kind"]
-    if outcome.interrupted:
-        raise typer.Exit(130 if kind == "healthy" or fail_on == "never" else 1)
-    if fail_on == "problem" and kind != "healthy":
-        raise typer.Exit(1)
+    _finish(launched, run_dir, fail_on, "records-w*.jsonl" if workers > 1 or ray else "records.jsonl")
 
 
 @app.command()
@@ -136,10 +126,7 @@ def proxy(
     """Sit between a real harness and its server: record every request with a run's phases, then the verdict."""
     from agentload.launch import proxy_to_dir
     from agentload.run.runner import default_out_dir
-    from agentload.run.scenario import load_scenario
-
-    if fail_on not in ("problem", "never"):
-        _fail(f"--fail-on: expected 'problem' or 'never', got {fail_on!r}")
+    _check_fail_on(fail_on)
     if not 0 <= port <= 65535:
         _fail(f"--port: expected a port 0-65535, got {port}")
     if duration is not None and duration <= 0:
@@ -147,21 +134,14 @@ def proxy(
     overrides = list(set_ or [])
     if duration is not None:
         overrides.append(f"agents.duration_s={duration!r}")
-    try:
-        sc = load_scenario(scenario, overrides)
-    except UserError as e:
-        _fail(str(e))
+    sc = _load(scenario, overrides)
     run_dir = out or default_out_dir(sc, name="proxy")
     try:
         launched = proxy_to_dir(sc, run_dir, upstream, host=host, port=port, session_header=session_header,
                                 capture_bodies=capture_bodies, live=live)
     except UserError as e:
         _fail(str(e))
-    _echo(launched.text)
-    _echo(f"records: {run_dir / 'records.jsonl'}  summary: {run_dir / 'summary.json'}  html: {run_dir / 'report.html'}",
-          err=True)
-    if fail_on == "problem" and launched.summary["verdict"]["kind"] != "healthy":
-        raise typer.Exit(1)
+    _finish(launched, run_dir, fail_on, interrupted_is_an_end=True)  # Ctrl-C is how a proxy session ends
 
 
 @app.command()
@@ -181,10 +161,7 @@ def replay(
     from agentload.launch import run_to_dir
     from agentload.run.replay import load_plans, max_rounds
     from agentload.run.runner import default_out_dir
-    from agentload.run.scenario import load_scenario
-
-    if fail_on not in ("problem", "never"):
-        _fail(f"--fail-on: expected 'problem' or 'never', got {fail_on!r}")
+    _check_fail_on(fail_on)
     if fmt not in ("auto", "proxy", "openai", "mooncake"):
         _fail(f"--format: expected 'auto', 'proxy', 'openai' or 'mooncake', got {fmt!r}")
     if not speed > 0:
@@ -206,26 +183,45 @@ def replay(
                  f"agents.rounds={max_rounds(plans)}", *(set_ or [])]
     if endpoint:
         overrides.append(f"target.endpoint={_toml_str(endpoint)}")
-    try:
-        sc = load_scenario(scenario, overrides)
-    except UserError as e:
-        _fail(str(e))
+    sc = _load(scenario, overrides)
     run_dir = out or default_out_dir(sc, name="replay")
     try:
         launched = run_to_dir(sc, run_dir, live=live)
     except UserError as e:
         _fail(str(e))
-    _echo(launched.text)
-    _echo(f"records: {run_dir / 'records.jsonl'}  summary: {run_dir / 'summary.json'}  html: {run_dir / 'report.html'}",
-          err=True)
-    if launched.outcome.interrupted:
-        raise typer.Exit(130 if launched.summary["verdict"]["kind"] == "healthy" or fail_on == "never" else 1)
-    if fail_on == "problem" and launched.summary["verdict"]["kind"] != "healthy":
-        raise typer.Exit(1)
+    _finish(launched, run_dir, fail_on)
 
 
 def _toml_str(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _check_fail_on(fail_on: str) -> None:
+    if fail_on not in ("problem", "never"):
+        _fail(f"--fail-on: expected 'problem' or 'never', got {fail_on!r}")
+
+
+def _load(scenario: Optional[str], overrides: list[str]) -> Scenario:
+    from agentload.run.scenario import load_scenario
+
+    try:
+        return load_scenario(scenario, overrides)
+    except UserError as e:
+        _fail(str(e))
+
+
+def _finish(launched: Launched, run_dir: Path, fail_on: str, records: str = "records.jsonl",
+            interrupted_is_an_end: bool = False) -> None:
+    """Print the report and where the run's files are; exit 1 on a problem (under --fail-on problem),
+    130 on an interrupted run that was healthy so far (unless an interrupt is how this command ends)."""
+    _echo(launched.text)
+    _echo(f"records: {run_dir / records}  summary: {run_dir / 'summary.json'}  html: {run_dir / 'report.html'}",
+          err=True)
+    kind = launched.summary["verdict"]["kind"]
+    if launched.outcome.interrupted and not interrupted_is_an_end:
+        raise typer.Exit(130 if kind == "healthy" or fail_on == "never" else 1)
+    if fail_on == "problem" and kind != "healthy":
+        raise typer.Exit(1)
 
 
 @app.command()
