@@ -54,6 +54,14 @@ def test_a_bad_capture_is_one_line_naming_the_line_and_field(tmp_path, content, 
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("fmt", ["mooncake", "openai"])
+def test_a_folder_given_as_a_jsonl_file_is_one_line_naming_it(tmp_path, fmt):
+    """--format forces reading the source as JSONL: a folder is the user's mistake, not a traceback."""
+    r = cli("replay", str(tmp_path), "--format", fmt, "--no-live")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"{tmp_path}: replay.source: cannot read it as a JSONL file" in r.stderr and "Traceback" not in r.stderr
+
+
 def _capture(tmp_path: Path, mock: MockProcess, stall: bool = False) -> Path:
     from test_proxy import harness, start_proxy, stop_proxy
 

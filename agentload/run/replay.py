@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import orjson
@@ -141,19 +141,29 @@ def _sniff(path: Path) -> str:
     return "openai"
 
 
+def _json_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of a JSONL file; a UserError naming the file
+    (and line) when it cannot be read or a line is not JSON."""
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as e:
+        raise UserError(f"{path}: replay.source: cannot read it as a JSONL file: {e.strerror or e}") from None
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield i, orjson.loads(line)
+        except orjson.JSONDecodeError as e:
+            raise UserError(f"{path}: line {i}: expected one JSON object a line ({e})") from None
+
+
 def _from_mooncake(path: Path) -> list[ConversationPlan]:
     """Mooncake-style trace lines: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (the
     prompt's 512-token blocks: equal leading ids, a shared prefix). Each line a one-round conversation
     arriving at its time."""
     plans = []
     t0 = None
-    for i, line in enumerate(path.read_bytes().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            d = orjson.loads(line)
-        except orjson.JSONDecodeError as e:
-            raise UserError(f"{path}: line {i}: expected one JSON object a line ({e})") from None
+    for i, d in _json_lines(path):
         if not isinstance(d, dict):
             raise UserError(f"{path}: line {i}: expected a JSON object")
         for key in ("timestamp", "input_length"):
@@ -186,17 +196,7 @@ def arrival_of(plans: list[ConversationPlan], agent: int) -> float | None:
 
 def _from_openai(path: Path) -> list[ConversationPlan]:
     plans = []
-    try:
-        lines = path.read_bytes().splitlines()
-    except OSError as e:
-        raise UserError(f"{path}: replay.source: cannot read it: {e.strerror or e}") from e
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            d = orjson.loads(line)
-        except orjson.JSONDecodeError as e:
-            raise UserError(f"{path}: line {i}: expected one JSON object a line ({e})") from None
+    for i, d in _json_lines(path):
         msgs = d.get("messages") if isinstance(d, dict) else None
         if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
             raise UserError(f"{path}: line {i}: messages: expected a list of message objects")
