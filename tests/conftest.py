@@ -11,6 +11,18 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile the project's modules into their __pycache__ folders (git-ignored) once per session.
+    Where PYTHONDONTWRITEBYTECODE is set (as in this project's CI machine), no Python writes them, and
+    every one of the suite's child processes (agentload CLIs, mock servers, benches, valgrind's
+    runs) would compile the package from source again at its start; with them it only reads them."""
+    import compileall
+
+    root = Path(__file__).resolve().parents[1]
+    for d in ("agentload", "bench", "tests", "tools"):
+        compileall.compile_dir(root / d, quiet=1)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--regen-golden", action="store_true", default=False,
                      help="rewrite the golden files under tests/golden/ from the fixtures instead of comparing")
