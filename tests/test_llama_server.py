@@ -163,14 +163,18 @@ def test_server_paused_with_sigstop_is_a_server_stall_in_ttfb_at_the_right_round
         with paused_after_round(srv.child, tmp_path / "run" / "records.jsonl", 1) as stopped:
             summary, text, recs, _ = run(srv, tmp_path, [
                 # after_s above one answer's prompt time on a loaded 2-core machine (9 s seen with
-                # other builds on both cores); tool time 2 s: the watcher stops it long before round 2
-                "agents.count=1", "agents.rounds=3", "conversation.tool_latency_ms=2000", "stall.after_s=20.0",
-                "stall.give_up_s=25.0", f"target.api={api}"])
+                # other builds on both cores); tool time 2 s: the watcher stops it long before round 2.
+                # The run ends about 2 x after_s after round 2 starts (the stall, then its probes, which
+                # hang as long); give_up_s only a little above after_s, enough for the probes to start
+                "agents.count=1", "agents.rounds=3", "conversation.tool_latency_ms=2000", "stall.after_s=12.0",
+                "stall.give_up_s=15.0", f"target.api={api}"])
     finally:
         srv.stop()
     assert stopped.is_set(), text
     v = summary["verdict"]
     assert (v["kind"], v["phase"], v["first_round"]) == ("server_stall", "ttfb", 2), text
+    # the stall's probes hung too: a short prompt on a fresh connection is not answered either
+    assert any(r.kind == "probe_short_fresh" and r.outcome == "stalled" for r in recs), text
     r1, r2 = [r for r in recs if r.kind == "agent"]
     assert (r1.round, r1.outcome) == (1, "ok") and (r2.round, r2.outcome, r2.stalled_phase) == (2, "stalled", "ttfb")
     assert "sent" in r2.t and "headers" not in r2.t
