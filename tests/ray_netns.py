@@ -76,6 +76,7 @@ def main() -> int:
         import ray
 
         result["nodes"] = sorted({n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}) if ray.is_initialized() else None
+        ray.shutdown()  # this driver leaves before `ray stop` takes the cluster away under it
     finally:
         for m in mocks.values():
             m.stop()
