@@ -137,7 +137,7 @@ def test_killed_while_hung_still_names_round_and_phase(tmp_path):
     assert "killed" in v["summary"]
 
 
-SLOW_FOR_EVERYONE = ["mock.decode_tokens_per_s=1", "mock.output_tokens=4", "agents.count=3", "agents.rounds=2",
+SLOW_FOR_EVERYONE = ["mock.decode_tokens_per_s=1", "mock.output_tokens=4", "agents.count=3", "agents.rounds=1",
                      "canary.every_s=1", "canary.timeout_s=3", "canary.max_tokens=8"]
 
 
