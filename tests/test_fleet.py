@@ -60,7 +60,7 @@ def test_smg_fleet_attributes_every_request_and_cache_aware_beats_round_robin(tm
     runs = {}
     for policy in ("round_robin", "cache_aware"):
         out = tmp_path / policy
-        run_scenario("router-soak-smg", out, SHORT + ["agents.duration_s=12", "schedule=[]",
+        run_scenario("router-soak-smg", out, SHORT + ["agents.duration_s=7", "schedule=[]",
                                                        f"router.policy=\"{policy}\""])
         runs[policy] = out
         recs = _records(out)
