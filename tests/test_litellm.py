@@ -24,6 +24,7 @@ What these runs rely on (checked against 1.108.7):
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -35,7 +36,7 @@ from agentload.records import load_records
 from agentload.records.target_metrics import load_target_metrics
 from helpers import run_scenario
 from routerprocs import LiteLLMProcess, litellm_skip_reason
-from serverprocs import router_stack
+from serverprocs import RouterStack, router_stack
 
 _skip = litellm_skip_reason()
 pytestmark = [pytest.mark.slow, pytest.mark.litellm, pytest.mark.skipif(_skip is not None, reason=_skip or "")]
@@ -207,29 +208,48 @@ def test_raw_streams_through_litellm(tmp_path, stack):
 # ------------------------------------------------------------------ /v1/messages and /v1/responses (issue 29)
 
 
-def _apis_seen(log) -> dict[str, int]:
-    """{api: requests} from a mock's request log (the route each request came in on)."""
+def _lines(log) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def _apis_seen(log, skip: int = 0) -> dict[str, int]:
+    """{api: requests} from a mock's request log (the route each request came in on), past its
+    first `skip` lines."""
     out: dict[str, int] = {}
-    for line in log.read_text().splitlines():
+    for line in _lines(log)[skip:]:
         api = json.loads(line)["api"]
         out[api] = out.get(api, 0) + 1
     return out
 
 
+@pytest.fixture(scope="module")
+def translating(tmp_path_factory):
+    """(proxy, backends' request logs): the proxy with `use_chat_completions_api` in front of two
+    logging chat backends, started once for both APIs' runs (its start is most of a run's time)."""
+    d = tmp_path_factory.mktemp("litellm-translating")
+    logs = [d / "a.log", d / "b.log"]
+    with RouterStack(functools.partial(_start_proxy, d)) as s:
+        proxy, _ = s.start([MockConfig(**BACKEND, request_log=str(p)) for p in logs],
+                           params={"use_chat_completions_api": True})
+        yield proxy, logs
+
+
 @pytest.mark.parametrize("api", ["messages", "responses"])
-def test_litellm_translates_each_api_to_chat_backends(tmp_path, stack, api):
+def test_litellm_translates_each_api_to_chat_backends(tmp_path, translating, api):
     """LiteLLM's proxy answers /v1/messages and /v1/responses in front of chat/completions backends
     (deployments with `use_chat_completions_api: true`) by translating them: the backends see chat
     requests only, agentload reads the proxy's own Anthropic and OpenAI Responses streams into a
     healthy run. (Without that flag an openai/ deployment is assumed to speak Responses: the proxy
     sent /v1/messages on to the backends' /v1/responses, which the mock answers too.)"""
-    logs = [tmp_path / "a.log", tmp_path / "b.log"]
-    proxy, (a, b) = stack([MockConfig(**BACKEND, request_log=str(p)) for p in logs],
-                           params={"use_chat_completions_api": True})
+    proxy, logs = translating
     _warm_up(proxy, api)
+    before = [len(_lines(log)) for log in logs]  # this run's requests only: the other API's run came first
     run = tmp_path / "run"
     res = run_scenario("healthy", run, _through(proxy, *LIGHT, f'target.api="{api}"'))
-    seen = {k: v for log in logs if log.exists() for k, v in _apis_seen(log).items()}
+    seen: dict[str, int] = {}
+    for log, skip in zip(logs, before):
+        for k, v in _apis_seen(log, skip).items():
+            seen[k] = seen.get(k, 0) + v
     print(api, "-> backends saw", seen)
     assert res.summary["verdict"]["kind"] == "healthy", res.text
     recs = load_records(run / "records.jsonl").records
