@@ -78,17 +78,25 @@ every_s = 0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """server(parallel=1, ctx=2048, jinja=False) -> a running LlamaServerProc of the test's own,
-    killed when the module ends (each starts in a few seconds)."""
+    """server(parallel=1, ctx=2048, jinja=False, own=False) -> a running LlamaServerProc, shared by the
+    tests that ask for the same settings (a run leaves nothing behind in it but its prompt cache), or
+    with own=True one of the test's own (the SIGSTOP tests pause and stop theirs); all killed when
+    the module ends."""
     need_llama_server()
     model = model_path()
     logs = tmp_path_factory.mktemp("llama-server-logs")
     running: list[LlamaServerProc] = []
+    shared: dict[tuple[int, int, bool], LlamaServerProc] = {}
 
-    def start(parallel: int = 1, ctx: int = 2048, jinja: bool = False) -> LlamaServerProc:
+    def start(parallel: int = 1, ctx: int = 2048, jinja: bool = False, own: bool = False) -> LlamaServerProc:
+        key = (parallel, ctx, jinja)
+        if not own and key in shared:
+            return shared[key]
         srv = LlamaServerProc.start(model, logs / f"llama-server-{len(running)}.log", parallel=parallel, ctx=ctx,
                                     jinja=jinja)
         running.append(srv)
+        if not own:
+            shared[key] = srv
         return srv
 
     yield start
@@ -158,7 +166,7 @@ def test_server_paused_with_sigstop_is_a_server_stall_in_ttfb_at_the_right_round
     """SIGSTOP in the agent's tool time after round 1: the kernel accepts the next request, the
     stopped server sends nothing, not even headers: round 2 stalls in ttfb, and it is a stall, not
     a queue (nothing else moves)."""
-    srv = server()
+    srv = server(own=True)
     try:
         with paused_after_round(srv.child, tmp_path / "run" / "records.jsonl", 1) as stopped:
             summary, text, recs, _ = run(srv, tmp_path, [
