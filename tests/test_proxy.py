@@ -443,3 +443,72 @@ def test_a_proxy_whose_event_loop_lags_says_so_in_its_report(mock, tmp_path):
     s = orjson.loads((out / "summary.json").read_bytes())
     assert any(w.startswith("agentload's event loop lagged up to") for w in s["warnings"]), s["warnings"]
     assert orjson.loads((out / "run.json").read_bytes())["max_loop_lag_ms"] >= LOOP_LAG_WARN_MS, text
+
+
+def _responses(sock: socket.socket, n: int) -> list[tuple[bytes, bytes]]:
+    """The next `n` chunked answers on a keep-alive connection: (head, body data) each."""
+    buf = bytearray()
+
+    def upto(sep: bytes) -> bytes:
+        while sep not in buf:
+            chunk = sock.recv(65536)
+            assert chunk, bytes(buf[-200:])
+            buf.extend(chunk)
+        i = buf.index(sep)
+        got = bytes(buf[:i])
+        del buf[:i + len(sep)]
+        return got
+
+    out = []
+    for _ in range(n):
+        head, data = upto(b"\r\n\r\n"), bytearray()
+        while size := int(upto(b"\r\n"), 16):
+            while len(buf) < size + 2:
+                buf.extend(sock.recv(65536))
+            data += buf[:size]
+            assert buf[size:size + 2] == b"\r\n"
+            del buf[:size + 2]
+        assert upto(b"\r\n") == b""  # (no trailers)
+        out.append((head, bytes(data)))
+    return out
+
+
+def test_keep_alive_a_chunked_body_pipelined_requests_and_a_malformed_one(mock, tmp_path):
+    """The proxy's own HTTP/1.1 server: two requests on one connection, the second sent before the
+    first was answered and with a chunked body, are both answered whole and in order; a malformed
+    request gets a 400 and its connection closed."""
+    out = tmp_path / "run"
+    child, port = start_proxy(mock.url, out)
+    try:
+        bodies = [orjson.dumps({"model": "mock-model", "stream": True,
+                                "messages": [{"role": "user", "content": f"conversation {i}"}]}) for i in range(2)]
+        with socket.socket() as s:
+            s.settimeout(30)
+            s.connect(("127.0.0.1", port))
+            half = len(bodies[1]) // 2
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%b" % (len(bodies[0]), bodies[0])
+                      + b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%b\r\n%x\r\n%b\r\n0\r\n\r\n"
+                        % (half, bodies[1][:half], len(bodies[1]) - half, bodies[1][half:]))
+            answers = _responses(s, 2)
+            s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: proxy\r\n\r\n")  # the same connection, still open
+            (models_head, models), = _responses(s, 1)
+        with socket.socket() as s:
+            s.settimeout(30)
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Length: nine\r\n\r\n")
+            bad = b""
+            while chunk := s.recv(65536):
+                bad += chunk
+    finally:
+        code, text = stop_proxy(child)
+    for head, data in answers:
+        assert head.startswith(b"HTTP/1.1 200") and data.rstrip().endswith(b"data: [DONE]"), (head, data[-100:])
+    assert models_head.startswith(b"HTTP/1.1 200") and b"mock-model" in models
+    assert bad.split(b"\r\n", 1)[0].split()[1] == b"400", bad[:100]
+    recs = [r for r in records(out) if r["kind"] == "agent"]
+    assert len(recs) == 2 and all(r["outcome"] == "ok" for r in recs), recs
+    assert sorted(r["prompt_bytes"] for r in recs) == sorted(len(b) for b in bodies)
+    assert len({r["agent"] for r in recs}) == 2  # two conversations, each its own
+    assert code == 0, text
