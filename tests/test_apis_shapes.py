@@ -233,3 +233,87 @@ def test_the_read_loop_splits_named_events_as_the_decoder_does(data, api):
     assert trace.token_chunks == want.token_chunks and trace.bad_events == want.bad_json
     assert ("first_token" in trace.t) == (want.token_chunks > 0)
     assert trace.comments == comments
+
+
+@st.composite
+def runs_of_deltas(draw, api: str):
+    """A named-event stream as a burst carries it: runs of text or argument deltas of one shape
+    (the first token maybe with a field of its own in front, as the bench server's send stamp),
+    some deltas corrupted near their text, sent under another event name, as `event: error`, or
+    with a line of their own; the events around them as `_sse` writes them."""
+    make = _MAKE[api]
+    events = [_sse(_START[api], 0), _sse(make("tool", "", 1), 0)]
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["text", "text", "args"]))
+        for k in range(draw(st.integers(0, 14))):
+            p = make(kind, draw(st.sampled_from(["", " tok", "é", '"', "\\", "a\nb", " w"])), 1)
+            if k == 0 and draw(st.booleans()):
+                p = b'{"mock_sent_ns":12345,' + p[1:]
+            how = draw(st.integers(0, 48))
+            if how == 1:  # corrupted near its text
+                at = p.rfind(b'":"') + 3 + draw(st.integers(-3, 3))
+                p = p[:at] + draw(st.sampled_from(_MUTATIONS)) + p[at + draw(st.integers(0, 2)):]
+            if b"\n" in p or b"\r" in p:
+                continue
+            if how == 2:  # the same data under another name
+                events.append(b"event: other_delta\ndata: " + p + b"\n\n")
+            else:
+                events.append(_sse(p, {3: 1, 4: 2, 5: 4, 6: 5}.get(how, 0)))
+        if draw(st.booleans()):
+            events.append(_sse(make(draw(st.sampled_from(["think", "ping", "stop"])), "x", 0), 0))
+    events.append(_sse(make("end", "", 0), 0))
+    return events
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), api=st.sampled_from(["messages", "responses"]))
+def test_runs_of_learned_events_split_at_once_take_what_the_decoder_gives(data, api):
+    """A run of events of the stream's learned shape in one read is split at once (`SSEBody._run`);
+    whatever the runs, their corruptions and the reads' boundaries (a whole answer in one read, as
+    a burst, or cut anywhere), the answer is the one the SSE decoder alone, every event parsed, gives."""
+    cls = MessagesStream if api == "messages" else ResponsesStream
+    events = data.draw(runs_of_deltas(api))
+    body = b"".join(events)
+    if data.draw(st.booleans()):  # the first event a read, the rest in one (the bench's burst)
+        reads = [events[0], body[len(events[0]):]]
+    else:
+        cuts = sorted(data.draw(st.lists(st.integers(1, max(1, len(body) - 1)), max_size=4, unique=True)))
+        reads = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)]) if body[a:b]]
+    trace = Trace("agent", 0, 1, 0, "r", 2, 0, 0)
+    reader = SSEBody(trace, cls)
+    for i, r in enumerate(reads):
+        reader.feed(r, 1000 + i)
+    got = reader.finish()
+    want, comments = _decoded(cls, body)
+    assert _state(got) == _state(want)
+    assert trace.token_chunks == want.token_chunks and trace.bad_events == want.bad_json
+    assert ("first_token" in trace.t) == (want.token_chunks > 0)
+    assert trace.comments == comments
+
+
+def test_the_bench_burst_is_taken_as_one_run():
+    """Messages' and Responses' bench burst (32 text deltas in one read after the first): the run
+    after the first two deltas is split at once, and the answer is the decoder's."""
+    for api, cls in (("messages", MessagesStream), ("responses", ResponsesStream)):
+        make = _MAKE[api]
+        first = _sse(b'{"mock_sent_ns":12345,' + make("text", " tok", 0)[1:], 0)
+        rest = b"".join([first] + [_sse(make("text", " tok", 0), 0)] * 31 + [_sse(make("stop", "x", 0), 0),
+                                                                            _sse(make("end", "", 0), 0)])
+        start = _sse(_START[api], 0)
+        runs: list = []
+
+        class Counted(SSEBody):
+            __slots__ = ()
+
+            def _run(self, *a, runs=runs):
+                runs.append(super()._run(*a))
+                return runs[-1]
+
+        trace = Trace("agent", 0, 1, 0, "r", 2, 0, 0)
+        reader = Counted(trace, cls)
+        reader.feed(start, 1)
+        reader.feed(rest, 2)
+        got = reader.finish()
+        assert len(runs) == 1 and runs[0] is not None and reader.dec is None, (api, runs)
+        want, _ = _decoded(cls, start + rest)
+        assert _state(got) == _state(want) and got.token_chunks == 32 and got.done
