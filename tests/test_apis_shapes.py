@@ -11,11 +11,10 @@ stream's learned shape around one JSON string without parsing it as an object (`
 from __future__ import annotations
 
 import orjson
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentload.records import Trace
-from agentload.run import sse_body
 from agentload.run.apis.messages import MessagesStream
 from agentload.run.apis.reader import BAD_JSON, DONE, TOKEN
 from agentload.run.apis.responses import ResponsesStream
@@ -266,13 +265,12 @@ def runs_of_deltas(draw, api: str):
     return events
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None)
 @given(data=st.data(), api=st.sampled_from(["messages", "responses"]))
-def test_runs_of_learned_events_split_at_once_take_what_the_decoder_gives(data, api, monkeypatch):
+def test_runs_of_learned_events_split_at_once_take_what_the_decoder_gives(data, api):
     """A run of events of the stream's learned shape in one read is split at once (`SSEBody._run`);
     whatever the runs, their corruptions and the reads' boundaries (a whole answer in one read, as
     a burst, or cut anywhere), the answer is the one the SSE decoder alone, every event parsed, gives."""
-    monkeypatch.setattr(sse_body, "_LONG", data.draw(st.sampled_from([0, 0, 3000])))  # (short reads too)
     cls = MessagesStream if api == "messages" else ResponsesStream
     events = data.draw(runs_of_deltas(api))
     body = b"".join(events)

@@ -82,7 +82,6 @@ _NAMED = (b"",)  # (`feed`: the read's events are `_named`'s to take)
 # A run of events is split on the last _CUT bytes of their `event:` line (a short needle: CPython's
 # search costs more per byte with a longer one), the rest of each event checked in one comparison.
 _CUT = 10
-_LONG = 3000  # a read of more bytes goes to `_named` (fewer: a few events, split at once as before)
 _STEPS = 8  # events `_named` takes one by one in a read before it splits the rest at once (`_named_events`)
 
 
@@ -194,13 +193,8 @@ class SSEBody:
             if end > 0:
                 if data[:6] == b"data: ":
                     payloads = _data_lines(data, end)
-                elif data[:7] == b"event: ":
-                    i = data.find(b"\n", 7)
-                    if data.find(b"\n", i + 1) == end:  # one event (a paced stream's read)
-                        payloads = (() if data[i:i + 7] != b"\ndata: " or (i == 12 and data[7:12] == b"error")
-                                    else (data[i + 7:end],))
-                    else:  # (a Messages or Responses reader's long read, a burst: `_named` takes it)
-                        payloads = _NAMED if self.named and end > _LONG else _named_events(data, end)
+                elif data[:7] == b"event: ":  # (a Messages or Responses reader: `_named` takes them)
+                    payloads = _NAMED if self.named else _named_events(data, end)
                 else:
                     payloads = ()
                 if payloads:
@@ -238,6 +232,16 @@ class SSEBody:
         that, and everything after it, is left to the decoder (`rest`: where it starts)."""
         cs = self.cs
         find = data.find
+        j = find(b"\n", 7)
+        if find(b"\n", j + 1) == end:  # one event (a paced stream's read)
+            if data[j:j + 7] != b"\ndata: " or (j == 12 and data[7:12] == b"error"):
+                self.rest = 0
+                return 0
+            shape = cs._shape
+            flags = cs.add_many((data[j + 7:end],))
+            if cs._shape is not shape and cs._shape is not None:
+                self._learnt(data[:j + 1])
+            return flags
         flags = pos = steps = 0
         runs = 4  # run splits tried in one read (each scans the rest of it)
         while pos < end:
@@ -262,11 +266,9 @@ class SSEBody:
             if (j < 0 or data[pos:pos + 7] != b"event: " or data[j:j + 7] != b"\ndata: "
                     or (e < end and data[e + 1:e + 2] != b"\n") or (j == pos + 12 and data[pos + 7:j] == b"error")):
                 break
-            payload = data[j + 7:e]
-            flags |= cs.add_many((payload,))
             shape = cs._shape
-            if shape is not None and (run is None or run[0] is not shape) and payload.startswith(shape[0]) \
-                    and payload.endswith(shape[1], len(shape[0])):  # an event of the shape: its run
+            flags |= cs.add_many((data[j + 7:e],))
+            if cs._shape is not shape and cs._shape is not None:
                 self._learnt(data[pos:j + 1])
             pos = e + 2
             steps += 1
@@ -275,7 +277,7 @@ class SSEBody:
         return flags
 
     def _learnt(self, line: bytes) -> None:
-        """The events of the reader's shape under this `event:` line, as a run (`_run`)."""
+        """The reader learnt its shape from the event of this `event:` line: that event's run."""
         shape = self.cs._shape
         e2 = b"data: " + shape[0]
         self.run = (shape, line + e2, line[-_CUT:], e2, shape[1] + b"\n\n" + line[:-_CUT])
