@@ -259,12 +259,11 @@ class SSEBody:
                 if payloads:
                     return flags | cs.add_many(payloads)
                 break
-            j = find(b"\n", pos, end)  # the end of its first line
-            e = find(b"\n", j + 1, end)  # ... and of its second, the event's end (a blank line next)
-            if e < 0:
-                e = end
-            if (j < 0 or data[pos:pos + 7] != b"event: " or data[j:j + 7] != b"\ndata: "
-                    or (e < end and data[e + 1:e + 2] != b"\n") or (j == pos + 12 and data[pos + 7:j] == b"error")):
+            i = find(b"\n\n", pos, end)
+            e = end if i < 0 else i  # the end of this event
+            j = find(b"\n", pos, e)  # the end of its first line
+            if (j < 0 or data[pos:pos + 7] != b"event: " or data[j:j + 7] != b"\ndata: " or find(b"\n", j + 1, e) >= 0
+                    or (j == pos + 12 and data[pos + 7:j] == b"error")):
                 break
             shape = cs._shape
             flags |= cs.add_many((data[j + 7:e],))
