@@ -107,7 +107,7 @@ class ChatStream(AnswerReader):
         call = shape[2]
         if call is not None:
             self.calls.last_index = call
-        return TOKEN if self._take_shaped(payloads.__getitem__, texts, call) else 0
+        return TOKEN if self._take_shaped(payloads, texts, call) else 0
 
     def _add_one(self, payload: bytes) -> int:
         """One payload, parsed and looked at field by field (learns the stream's shape from a

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from agentload.records import Trace
-from agentload.run.apis.reader import DONE, TOKEN, AnswerReader, EventReader
+from agentload.run.apis.reader import DONE, TOKEN, AnswerReader
 from agentload.run.chat_stream import ChatStream
 from agentload.run.sse import COMMENT, DATA, SSEDecoder
 
@@ -78,13 +78,6 @@ def _named_events(data: bytes, end: int) -> list[bytes]:
     return payloads if len(payloads) == k else []
 
 
-_NAMED = (b"",)  # (`feed`: the read's events are `_named`'s to take)
-# A run of events is split on the last _CUT bytes of their `event:` line (a short needle: CPython's
-# search costs more per byte with a longer one), the rest of each event checked in one comparison.
-_CUT = 10
-_STEPS = 8  # events `_named` takes one by one in a read before it splits the rest at once (`_named_events`)
-
-
 class SSEBody:
     """The read loop's per-read work: stamps, SSE events, chunk accumulation.
 
@@ -110,7 +103,7 @@ class SSEBody:
     """
 
     __slots__ = ("trace", "t", "cs", "dec", "last_byte", "plain", "done_at", "held_open", "content", "conn",
-                 "grace_s", "handle", "named", "run", "rest")
+                 "grace_s", "handle")
 
     def __init__(self, trace: Trace, stream_cls: Any = ChatStream):
         self.trace = trace
@@ -126,11 +119,6 @@ class SSEBody:
         self.conn: Any = None
         self.grace_s = 0.0
         self.handle: asyncio.TimerHandle | None = None
-        self.named = isinstance(self.cs, EventReader)  # named events, read by `_named`
-        # (`_named`) the reader's learned shape as whole events: (the shape, the bytes of an event
-        # up to its string, and how `_run` splits them)
-        self.run: tuple | None = None
-        self.rest = -1  # (`_named`) where the events it left to the decoder start (-1: none)
 
     def watch(self, content: Any, conn: Any, grace_s: float) -> None:
         """End the read at most `grace_s` after [DONE] (see the class docstring)."""
@@ -193,14 +181,14 @@ class SSEBody:
             if end > 0:
                 if data[:6] == b"data: ":
                     payloads = _data_lines(data, end)
-                elif data[:7] == b"event: ":  # (a Messages or Responses reader: `_named` takes them)
-                    payloads = _NAMED if self.named else _named_events(data, end)
+                elif data[:7] == b"event: ":
+                    payloads = _named_events(data, end)
                 else:
                     payloads = ()
                 if payloads:
                     cs = self.cs
                     had = cs.token_chunks
-                    flags = cs.add_many(payloads) if payloads is not _NAMED else self._named(data, end)
+                    flags = cs.add_many(payloads)
                     if flags & TOKEN:
                         trace.token_reads += 1
                         if had:  # (`_tokens`, written out: the path of nearly every read)
@@ -214,103 +202,10 @@ class SSEBody:
                             trace.first_output = cs.first_kind
                     if flags & DONE:
                         self._done(now)
-                    rest = self.rest
-                    if rest >= 0:  # (`_named`) events it could not take: the decoder's, from there
-                        self.rest = -1
-                        self._decode(data[rest:], now)
-                    elif end + 2 < len(data):  # the start of the next event: the decoder holds it
+                    if end + 2 < len(data):  # the start of the next event: the decoder holds it
                         (self.dec or self._decoder()).feed(data[end + 2:])
                         self.plain = False
                     return
-        self._decode(data, now)
-
-    def _named(self, data: bytes, end: int) -> int:
-        """The flags of the named events of `data[:end]` (whole events, no CR: `feed`), taken in
-        stream order by the reader: one by one while each is one `event:` line (not `error`) and
-        one `data: ` line; a run of events of the reader's learned shape at once (`_run`); after
-        _STEPS events one by one, the rest split at once (`_named_events`). An event that is not
-        that, and everything after it, is left to the decoder (`rest`: where it starts)."""
-        cs = self.cs
-        find = data.find
-        j = find(b"\n", 7)
-        if find(b"\n", j + 1) == end:  # one event (a paced stream's read)
-            if data[j:j + 7] != b"\ndata: " or (j == 12 and data[7:12] == b"error"):
-                self.rest = 0
-                return 0
-            shape = cs._shape
-            flags = cs.add_many((data[j + 7:end],))
-            if cs._shape is not shape and cs._shape is not None:
-                self._learnt(data[:j + 1])
-            return flags
-        flags = pos = steps = 0
-        runs = 4  # run splits tried in one read (each scans the rest of it)
-        while pos < end:
-            run = self.run
-            if runs and run is not None and run[0] is cs._shape and data.startswith(run[1], pos):
-                runs -= 1
-                got = self._run(data, pos, end, run)
-                if got is not None:
-                    flags |= got[0]
-                    pos = got[1]
-                    continue
-                runs = 0
-            if steps == _STEPS:
-                payloads = _named_events(data[pos:end], end - pos)
-                if payloads:
-                    return flags | cs.add_many(payloads)
-                break
-            i = find(b"\n\n", pos, end)
-            e = end if i < 0 else i  # the end of this event
-            j = find(b"\n", pos, e)  # the end of its first line
-            if (j < 0 or data[pos:pos + 7] != b"event: " or data[j:j + 7] != b"\ndata: " or find(b"\n", j + 1, e) >= 0
-                    or (j == pos + 12 and data[pos + 7:j] == b"error")):
-                break
-            shape = cs._shape
-            flags |= cs.add_many((data[j + 7:e],))
-            if cs._shape is not shape and cs._shape is not None:
-                self._learnt(data[pos:j + 1])
-            pos = e + 2
-            steps += 1
-        if pos < end:
-            self.rest = pos
-        return flags
-
-    def _learnt(self, line: bytes) -> None:
-        """The reader learnt its shape from the event of this `event:` line: that event's run."""
-        shape = self.cs._shape
-        e2 = b"data: " + shape[0]
-        self.run = (shape, line + e2, line[-_CUT:], e2, shape[1] + b"\n\n" + line[:-_CUT])
-
-    def _run(self, data: bytes, pos: int, end: int, run: tuple) -> tuple[int, int] | None:
-        """The events of the learned shape that start at `pos`, one after the other, split at once on
-        the end of their `event:` line (`run`: the shape, an event's bytes up to its string, that
-        line's end `cut`, the bytes from it to the string `e2`, and from one string's end to the next
-        one's `cut`, `f`): their flags and where the next event starts. None (nothing taken) unless
-        two or more come first and each is exactly the shape around one JSON string (a raw line
-        break cannot be inside one: each part between two cuts is then exactly one event, `add_run`)."""
-        shape, _, cut, e2, f = run
-        parts = data[pos:end].split(cut)  # [the line's start, e2 string f, e2 string f, ..., e2 string tail ...]
-        if len(parts) < 3:
-            return None
-        a, b = len(e2), len(f)
-        raws = [p[a:-b] for p in parts[1:-1]]  # (b > 0: f ends an event)
-        if cut.join(parts[1:-1]) != e2 + (f + cut + e2).join(raws) + f:  # each part is e2 + its string + f
-            return None
-        last = parts[-1]
-        k = last.find(b"\n\n")  # the end of the run's last event
-        if k < 0:
-            k = len(last)
-        t = k - len(shape[1])
-        if t < a or last[t:k] != shape[1] or last[:a] != e2:
-            return None
-        raws.append(last[a:t])
-        flags = self.cs.add_run(raws)
-        if flags is None:
-            return None
-        return flags, end - len(last) + k + 2
-
-    def _decode(self, data: bytes, now: int) -> None:
-        """Bytes through the SSE decoder, event by event."""
         dec = self.dec or self._decoder()
         for kind, payload in dec.feed(data):
             self._event(kind, payload, now)

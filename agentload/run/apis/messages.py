@@ -215,18 +215,11 @@ class MessagesStream(EventReader):
             return 0
         if type(u) is not dict:
             raise TypeError
-        v = u.get("input_tokens")
-        if type(v) is int:
-            self._in = v
-        v = u.get("output_tokens")
-        if type(v) is int:
-            self._out = v
-        v = u.get("cache_read_input_tokens")
-        if type(v) is int:
-            self._cached = v
-        v = u.get("cache_creation_input_tokens")
-        if type(v) is int:
-            self._created = v
+        for key, attr in (("input_tokens", "_in"), ("output_tokens", "_out"), ("cache_read_input_tokens", "_cached"),
+                          ("cache_creation_input_tokens", "_created")):
+            v = u.get(key)
+            if type(v) is int:
+                setattr(self, attr, v)
         usage: dict[str, Any] = {}
         if self._in is not None:
             usage["prompt_tokens"] = self._in + (self._cached or 0) + (self._created or 0)

@@ -217,12 +217,11 @@ class AnswerReader:
             return None
         return texts if len(texts) == len(payloads) else None
 
-    def _take_shaped(self, payload: Callable[[int], bytes], texts: list, call: int | None) -> int:
-        """Shaped events' strings taken, as their events' parse would have: the answer's text
-        (call None) or pieces of tool call `call`'s arguments (`payload(i)`: the i-th event's
-        payload, asked for only if it is the answer's first token). Returns how many carried a
-        token (an empty string is none)."""
-        n = len(texts)
+    def _take_shaped(self, payloads: list[bytes], texts: list, call: int | None) -> int:
+        """Shaped payloads' strings taken, as their events' parse would have: the answer's text
+        (call None) or pieces of tool call `call`'s arguments. Returns how many carried a token
+        (an empty string is none)."""
+        n = len(payloads)
         self.chunks += n
         tokens = n - texts.count("")
         if not tokens:
@@ -232,7 +231,7 @@ class AnswerReader:
         else:
             self.calls.calls[call][PIECES].extend(texts)
         if self.first_token_payload is None:
-            self.first_token_payload = payload(next(i for i, t in enumerate(texts) if t))
+            self.first_token_payload = payloads[next(i for i, t in enumerate(texts) if t)]
             if self.first_kind is None:
                 self.first_kind = "text" if call is None else "tool"
         self.token_chunks += tokens
@@ -329,28 +328,8 @@ class EventReader(AnswerReader):
             for p in payloads:
                 out |= self._add_one(p)
             return out
-        tokens = self._take_shaped(payloads.__getitem__, texts, shape[2])
+        tokens = self._take_shaped(payloads, texts, shape[2])
         self.no_choices += len(payloads) - tokens
-        return TOKEN if tokens else 0
-
-    def add_run(self, raws: list[bytes]) -> int | None:
-        """Events of the learned shape given as the raw contents of their one JSON string each
-        (`raws`: the bytes between the shape's head and tail, in stream order; the read loop cut them
-        out of a read, `sse_body`), taken as `add_many` takes those events; their flags. None, and
-        nothing taken, where they are not each exactly one JSON string's contents (decoded together
-        as `_shaped_texts` decodes them)."""
-        shape = self._shape
-        if shape is None:
-            return None
-        try:
-            texts = _loads(b'["' + b'",\n"'.join(raws) + b'"]')
-        except _JSONDecodeError:
-            return None
-        if len(texts) != len(raws):
-            return None
-        head, tail, call = shape
-        tokens = self._take_shaped(lambda i: head + raws[i] + tail, texts, call)
-        self.no_choices += len(raws) - tokens
         return TOKEN if tokens else 0
 
     def _add_one(self, payload: bytes) -> int:
