@@ -449,11 +449,14 @@ def _responses(sock: socket.socket, n: int) -> list[tuple[bytes, bytes]]:
     """The next `n` chunked answers on a keep-alive connection: (head, body data) each."""
     buf = bytearray()
 
+    def more() -> None:  # (a closed connection reads b"" at once: fail, never spin)
+        chunk = sock.recv(65536)
+        assert chunk, bytes(buf[-200:])
+        buf.extend(chunk)
+
     def upto(sep: bytes) -> bytes:
         while sep not in buf:
-            chunk = sock.recv(65536)
-            assert chunk, bytes(buf[-200:])
-            buf.extend(chunk)
+            more()
         i = buf.index(sep)
         got = bytes(buf[:i])
         del buf[:i + len(sep)]
@@ -464,7 +467,7 @@ def _responses(sock: socket.socket, n: int) -> list[tuple[bytes, bytes]]:
         head, data = upto(b"\r\n\r\n"), bytearray()
         while size := int(upto(b"\r\n"), 16):
             while len(buf) < size + 2:
-                buf.extend(sock.recv(65536))
+                more()
             data += buf[:size]
             assert buf[size:size + 2] == b"\r\n"
             del buf[:size + 2]
