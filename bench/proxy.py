@@ -15,6 +15,9 @@ Figures, measured in the same repetition:
 - CPU per request: the proxy process's (utime + stime from /proc over the client's run, divided by
   the requests it recorded), against the client's own CPU per request in the direct run (what
   agentload spends to make a request, the issue's yardstick);
+- the floor under any proxy that passes each block on as it arrives: the same client through
+  `bench/relay.py` (a TCP relay that forwards every read at once and understands nothing), its CPU
+  per request against the client's; and the proxy's CPU split into user and system (kernel) time;
 - the proxy's own event-loop lag (its one-second samples while requests were in flight, as its
   report has them): a proxy that cannot keep up says so there;
 - the machine's load average around each repetition (the three processes share its cores with
@@ -37,11 +40,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import orjson
 
 from agentload.process import ChildProcess
-from bench.harness import REPO, bench_env, cpu_s, pct
+from bench.harness import REPO, TICK, bench_env, cpu_s, pct
 
 
 def _client(url: str, streams: int, rounds: int, out: Path) -> dict:
@@ -78,6 +82,30 @@ def _busy_lags_ms(run_dir: Path) -> list[float]:
     return out
 
 
+def _user_sys_s(pid: int) -> tuple[float, float]:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        rest = f.read().rsplit(b")", 1)[1].split()
+    return int(rest[11]) / TICK, int(rest[12]) / TICK
+
+
+def _relay_cpu_us(server_url: str, streams: int, rounds: int, out: Path, http: bool = False) -> float:
+    """CPU per request of bench/relay.py (a TCP relay, or with `http` a plain aiohttp proxy) carrying
+    the client's run to the server."""
+    upstream = urlsplit(server_url).netloc
+    relay = ChildProcess.start([sys.executable, "-m", "bench.relay", "--upstream", upstream] + ["--http"] * http,
+                               name="bench relay", env=bench_env(), cwd=REPO)
+    try:
+        port = int(relay.wait_line("BENCH_RELAY_LISTENING", 30).split("port=", 1)[1].split()[0])
+        cpu0 = cpu_s(relay.pid)
+        res = _client(f"http://127.0.0.1:{port}/v1", streams, rounds, out)
+        cpu1 = cpu_s(relay.pid)
+    finally:
+        relay.stop()
+    if res["failed"]:
+        raise SystemExit(f"bench.proxy: {res['failed']} request(s) through the relay failed")
+    return (cpu1 - cpu0) / max(1, res["requests"]) * 1e6
+
+
 def one_rep(server_url: str, streams: int, rounds: int, tmp: Path, rep: int) -> dict:
     load0 = os.getloadavg()[0]
     direct = _client(server_url, streams, rounds, tmp / f"direct-{rep}")
@@ -89,13 +117,15 @@ def one_rep(server_url: str, streams: int, rounds: int, tmp: Path, rep: int) -> 
     try:
         line = proxy.wait_line("agentload proxy: listening on", 60)
         port = int(line.split("http://127.0.0.1:", 1)[1].split()[0])
-        cpu0 = cpu_s(proxy.pid)
+        user0, sys0 = _user_sys_s(proxy.pid)
         through = _client(f"http://127.0.0.1:{port}/v1", streams, rounds, tmp / f"through-{rep}")
-        cpu1 = cpu_s(proxy.pid)
+        user1, sys1 = _user_sys_s(proxy.pid)
     finally:
         proxy.send_signal(signal.SIGINT)
         proxy.wait_exit(120)
         proxy.stop()
+    relay_us = _relay_cpu_us(server_url, streams, rounds, tmp / f"relay-{rep}")
+    http_us = _relay_cpu_us(server_url, streams, rounds, tmp / f"http-{rep}", http=True)
     recs = [r for r in _records(proxy_dir) if r["outcome"] == "ok" and "down_first_token" in r["t"]]
     ins = [(r["t"]["start"] - r["t"]["down_start"]) / 1e6 for r in recs]
     outs = [(r["t"]["down_first_token"] - r["t"]["first_token"]) / 1e6 for r in recs]
@@ -109,7 +139,9 @@ def one_rep(server_url: str, streams: int, rounds: int, tmp: Path, rep: int) -> 
         "load": (load0, os.getloadavg()[0]),
         "ttft_direct": (pct(_ttft_ms(tmp / f"direct-{rep}"), 0.50), pct(_ttft_ms(tmp / f"direct-{rep}"), 0.99)),
         "ttft_through": (pct(_ttft_ms(tmp / f"through-{rep}"), 0.50), pct(_ttft_ms(tmp / f"through-{rep}"), 0.99)),
-        "proxy_cpu_us": (cpu1 - cpu0) / max(1, len(recs)) * 1e6,
+        "proxy_cpu_us": (user1 - user0 + sys1 - sys0) / max(1, len(recs)) * 1e6,
+        "proxy_sys_us": (sys1 - sys0) / max(1, len(recs)) * 1e6,
+        "relay_cpu_us": relay_us, "http_cpu_us": http_us,
         "client_cpu_us": direct["cpu_s"] / max(1, direct["requests"]) * 1e6,
         "through_failed": through["failed"],
     }
@@ -149,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
           "client CPU us/req  ratio")
     for i, r in enumerate(rows, 1):
         r["ratio"] = r["proxy_cpu_us"] / r["client_cpu_us"] if r["client_cpu_us"] else None
+        r["relay_ratio"] = r["relay_cpu_us"] / r["client_cpu_us"] if r["client_cpu_us"] else None
+        r["http_ratio"] = r["http_cpu_us"] / r["client_cpu_us"] if r["client_cpu_us"] else None
         print(f"{i:>3}  {_f(r['added_p50_ms']):>12}  {_f(r['added_p99_ms']):>12}  "
               f"{_f(r['ttft_direct'][0]):>9} / {_f(r['ttft_direct'][1]):<9}  "
               f"{_f(r['ttft_through'][0]):>10} / {_f(r['ttft_through'][1]):<10}  "
@@ -157,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
               f"upstream) + out {_f(r['out_ms'][0])} / {_f(r['out_ms'][1])} ms (first token read -> written on); "
               f"proxy loop lag p50 {_f(r['lag_ms'][0], '{:.0f}')} ms, max {_f(r['lag_ms'][1], '{:.0f}')} ms; "
               f"load average {r['load'][0]:.2f} -> {r['load'][1]:.2f} on {os.cpu_count()} CPUs")
+        print(f"     proxy CPU {_f(r['proxy_cpu_us'] - r['proxy_sys_us'], '{:.0f}')} user + "
+              f"{_f(r['proxy_sys_us'], '{:.0f}')} system us/req; floor: a TCP relay passing each read on "
+              f"(bench/relay.py) {_f(r['relay_cpu_us'], '{:.0f}')} us/req ({_f(r['relay_ratio'])}x the client's), "
+              f"a plain aiohttp proxy (--http) {_f(r['http_cpu_us'], '{:.0f}')} us/req ({_f(r['http_ratio'])}x)")
         if r["through_failed"]:
             print(f"     {r['through_failed']} request(s) through the proxy failed")
     _goals(rows)  # (a report, not a gate: the exit status says only that the bench ran)
@@ -180,6 +218,12 @@ def _goals(rows: list[dict]) -> bool:
             continue
         all_met = False
         print(f"goal {name} <= {goal:g}{unit}: FAILED ({_f(m)}{unit}, median of {each})")
+    floor, http = median("relay_ratio"), median("http_ratio")
+    if floor is not None and http is not None:
+        print(f"     floors: a TCP relay that only passes each read on costs {_f(floor)}x the client's CPU per "
+              f"request, a plain aiohttp proxy {_f(http)}x (medians); a proxy that forwards each block as it "
+              f"arrives pays at least the first, one on aiohttp the second, which leaves "
+              f"{_f(GOAL_CPU_RATIO - http)}x of the CPU goal for reading, timing and recording")
     if not all_met:
         lag = max((r["lag_ms"][1] for r in rows if r["lag_ms"][1] is not None), default=None)
         print(f"     (the proxy's own loop lag reached {_f(lag, '{:.0f}')} ms; load average up to "

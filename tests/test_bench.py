@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -57,6 +58,12 @@ def test_bench_proxy_measures_what_the_proxy_adds():
     assert abs(ratio - proxy_cpu / client_cpu) < 0.02 * ratio + 0.01
     # the two parts of the added latency, the proxy's own loop lag, the load; then each goal judged
     assert lines[at + 2].lstrip().startswith("added = in ") and "proxy loop lag p50" in lines[at + 2]
+    # the proxy's CPU split, and the same client through the two floors (a TCP relay, a plain aiohttp proxy)
+    split = re.search(r"proxy CPU (\d+) user \+ (\d+) system us/req; floor: a TCP relay .* (\d+) us/req "
+                      r"\(([\d.]+)x the client's\), a plain aiohttp proxy \(--http\) (\d+) us/req", lines[at + 3])
+    assert split, lines[at + 3]
+    assert abs(int(split[1]) + int(split[2]) - proxy_cpu) <= 1  # (CPU in clock ticks: a tiny run may show 0)
+    assert any(line.lstrip().startswith("floors: a TCP relay that only passes each read on costs ") for line in lines)
     goals = [line for line in lines if line.startswith("goal ")]
     assert [g.split(":")[0] for g in goals] == ["goal added latency p50 <= 0.3 ms", "goal added latency p99 <= 2 ms",
                                                 "goal proxy CPU / client CPU per request <= 1.5x"]
