@@ -141,6 +141,12 @@ def test_a_harness_that_stops_after_round_2_is_client_stopped(mock, tmp_path):
         if f.is_file():
             assert KEY.encode() not in f.read_bytes(), f.name
     assert "client_stopped" in text and "records:" in text
+    # Ctrl-C is how a proxy ends: not a cut-short run, and the scenario's agents.count asked for no one
+    assert "ended: interrupted (SIGINT)" in text and "cut short:" not in text, text
+    assert "asked" not in text and "was cut short" not in text, text
+    assert sorted(a["outcome"] for a in summary["agents"]) == ["done"] * 4
+    html = (out / "report.html").read_text()
+    assert "interrupted (SIGINT) (how a proxy ends)" in html and "class='banner'" not in html
 
 
 def test_a_server_that_hangs_above_n_tokens_is_a_server_stall_in_ttfb(tmp_path):

@@ -196,6 +196,10 @@ def warnings_for(data: RunData, sp: SummaryPass, verdict: dict[str, Any] | None 
     m = data.meta
     if not m.get("ended", False):
         w.append("run.json says the run never ended: it was killed; this report covers the records on disk")
+    elif m.get("cut_short") and m.get("proxy"):
+        if sp.cut_short:  # (a signal is how a proxy ends: only requests it cut off are worth a word)
+            w.append(f"the proxy was stopped ({m.get('stop_reason') or 'stopped early'}) with {sp.cut_short} "
+                     f"request(s) still in flight: recorded as cut_short, their answers not seen to the end")
     elif m.get("cut_short"):
         cut = sp.cut_short
         w.append(f"the run was cut short ({m.get('stop_reason') or 'stopped early'}): conversations in progress started "

@@ -163,6 +163,8 @@ def settings_html(data: RunData, summary: dict[str, Any]) -> str:
         "started (unix)": run.get("started_unix"),
         "duration s": run.get("duration_s"),
         "ended": "normally" if run.get("ended_normally") and not run.get("cut_short")
+        else f"{run.get('stop_reason')} (how a proxy ends)" if run.get("proxy") and m.get("ended")
+        and (run.get("stop_reason") or "").startswith("interrupted")
         else f"cut short: {run.get('stop_reason') or 'unknown'}",
         "workload fingerprint": run.get("fingerprint"),
         "latency measured from": run.get("latency_from"),
@@ -218,11 +220,16 @@ def verdict_html(data: RunData, summary: dict[str, Any], view: HtmlView) -> str:
             if unrecorded:
                 msg.append(f"{unrecorded} agent(s) had a request in flight that left no record (drawn dotted "
                            f"to the end of the timeline); the verdict cannot see those.")
+        elif run.get("proxy") and (run.get("stop_reason") or "").startswith("interrupted"):
+            cut = (summary.get("totals") or {}).get("cut_short") or 0
+            msg = [f"The proxy was stopped ({_e(run.get('stop_reason'))}) with {cut} request(s) in flight: "
+                   f"recorded as cut_short."] if cut else []
         else:
             msg = [f"This run was cut short: {_e(run.get('stop_reason') or 'it did not end normally')}."]
         if data.torn_lines:
             msg.append(f"{data.torn_lines} torn line(s) at the end of records.jsonl were skipped.")
-        out.append("<div class='banner'>" + " ".join(msg) + "</div>")
+        if msg:
+            out.append("<div class='banner'>" + " ".join(msg) + "</div>")
     if summary.get("warnings"):
         out.append("<ul class='warnings'>" + "".join(f"<li>warning: {_e(w)}</li>" for w in summary["warnings"])
                    + "</ul>")

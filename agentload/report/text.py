@@ -70,6 +70,8 @@ def _run(con: Console, summary: dict[str, Any]) -> None:
     state = "cut short: " + (run.get("stop_reason") or "") if run.get("cut_short") else "ended normally"
     proxy = run.get("proxy")
     if proxy:  # a harness's own traffic: its conversations are the "agents", its model its own
+        if run.get("cut_short") and (run.get("stop_reason") or "").startswith("interrupted"):  # (how a proxy ends)
+            state = "ended: " + (run.get("stop_reason") or "by a signal")
         con.print(f"run {run['id']}  agentload proxy on {proxy.get('listen')} -> {proxy.get('upstream')}  "
                   f"settings from {run['scenario']}  {run.get('duration_s')} s  {state}", markup=False)
         con.print("conversations inferred from the messages"
@@ -82,7 +84,7 @@ def _run(con: Console, summary: dict[str, Any]) -> None:
                   markup=False, soft_wrap=True)
     asked = int((run.get("agents") or {}).get("count") or 0)
     started = run.get("agents_started")
-    never = f" (started {started:,} of {asked:,} asked)" if type(started) is int and started < asked else ""
+    never = f" (started {started:,} of {asked:,} asked)" if type(started) is int and started < asked and not proxy else ""
     con.print(f"{'conversations' if proxy else 'agents'} {tot['agents']}{never}  requests {tot['requests']}  completed {tot['completed']}  "
               f"errors {tot['errors']}  stalled {tot['stalled']} (given up {tot.get('given_up', 0)})  "
               f"cut short {tot['cut_short']}  "

@@ -20,7 +20,9 @@ def agent_outcomes(data: RunData, acc: FactsAccumulator | None = None) -> list[d
     max_rounds = int((sc.get("agents") or {}).get("rounds") or 0)
     model_mode = (sc.get("conversation") or {}).get("mode") == "model"
     at_duration = data.meta.get("ended_by") == "duration"
-    stopped_early = bool(data.meta.get("cut_short")) or not data.meta.get("ended", True)
+    # (a signal is how a proxy ends: the harness's conversations were not stopped by it, whether they
+    # stopped on their own is the client_stopped rule's question)
+    stopped_early = (bool(data.meta.get("cut_short")) and not data.meta.get("proxy")) or not data.meta.get("ended", True)
     crashed = {c["agent"]: c for c in data.meta.get("crashes") or [] if c.get("where") == "agent"
                and c.get("agent") is not None}
     # a shard lost mid-run (`--ray`): its agents' last records may look fine, but they were cut short

@@ -106,6 +106,8 @@ def rule_client_saturated(f: Facts) -> Finding | None:
 def unstarted_agents(meta: dict[str, Any]) -> dict[str, int] | None:
     """Agents of agents.count that never started (run.json's counts; None: none, or a run.json from
     before they were written): asked, started, due (due before the run ended), late (due after)."""
+    if meta.get("proxy"):
+        return None  # (a proxy's conversations are the harness's: the scenario's agents.count asks for none)
     started = meta.get("agents_started")
     asked = int(((meta.get("scenario") or {}).get("agents") or {}).get("count") or 0)
     if type(started) is not int or not asked or started >= asked:
