@@ -107,6 +107,9 @@ def test_a_proxy_capture_replayed_at_10x_keeps_each_rounds_prompt_size(tmp_path)
         for rnd, p in rounds.items():
             assert abs(p - want[rnd]) <= 0.01 * want[rnd], (agent, rnd, p, want[rnd])
     assert "VERDICT [healthy]" in r.stdout
+    # the report says what was played back, and how fast
+    assert f"workload replayed from {cap} (format auto, speed 10x)" in r.stdout, r.stdout
+    assert f"replayed from</th><td>{cap} (format auto, speed 10x)" in (out / "report.html").read_text()
 
 
 @pytest.mark.slow

@@ -156,6 +156,8 @@ def run_section(data: RunData, sp: SummaryPass) -> dict[str, Any]:
         "workers": m.get("workers", 1),
         # `agentload proxy`: upstream, where it listened, the session header (absent for a run)
         **({"proxy": m["proxy"]} if m.get("proxy") else {}),
+        # `agentload replay`: the capture its agents play back (absent for a synthetic workload)
+        **({"replay": sc["replay"]} if (sc.get("replay") or {}).get("source") else {}),
         "agents_started": m.get("agents_started"),  # of agents.count (None: a run.json from before it was counted)
         "agents_due_unstarted": m.get("agents_due_unstarted"),
         "latency_from": ("intended start of each conversation's first request (open loop: a late start counts), "

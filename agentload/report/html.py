@@ -53,7 +53,7 @@ from agentload.report.router_chart import (
     router_html,
 )
 from agentload.report.target_chart import fig_target_metrics
-from agentload.report.text import round_label
+from agentload.report.text import replay_note, round_label
 from agentload.report.timeline import REQUEST_PHASES
 
 
@@ -160,6 +160,7 @@ def settings_html(data: RunData, summary: dict[str, Any]) -> str:
         if run.get("endpoint") else None,
         "model": tgt.get("model"),
         "api": run.get("api", "chat"),
+        **({"replayed from": replay_note(run["replay"])} if run.get("replay") else {}),
         "started (unix)": run.get("started_unix"),
         "duration s": run.get("duration_s"),
         "ended": "normally" if run.get("ended_normally") and not run.get("cut_short")

@@ -82,6 +82,8 @@ def _run(con: Console, summary: dict[str, Any]) -> None:
         con.print(f"target {run['endpoint']}{' (embedded mock)' if run.get('embedded_mock') else ''}"
                   f"{f' ({tls})' if tls else ''}  model {run.get('model')}  api {run.get('api', 'chat')}",
                   markup=False, soft_wrap=True)
+        if run.get("replay"):
+            con.print(f"workload replayed from {replay_note(run['replay'])}", markup=False, soft_wrap=True)
     asked = int((run.get("agents") or {}).get("count") or 0)
     started = run.get("agents_started")
     never = f" (started {started:,} of {asked:,} asked)" if type(started) is int and started < asked and not proxy else ""
@@ -89,6 +91,12 @@ def _run(con: Console, summary: dict[str, Any]) -> None:
               f"errors {tot['errors']}  stalled {tot['stalled']} (given up {tot.get('given_up', 0)})  "
               f"cut short {tot['cut_short']}  "
               f"rounds completed {tot['rounds_completed']}  canaries {tot['canaries_ok']}/{tot['canaries']} ok")
+
+
+def replay_note(replay: dict[str, Any]) -> str:
+    """Which capture a replayed run played back, how it was read and how fast."""
+    fmt = replay.get("format") or "auto"
+    return f"{replay.get('source')} (format {fmt}, speed {replay.get('speed', 1.0):g}x)"
 
 
 def _settings(con: Console, summary: dict[str, Any]) -> None:
