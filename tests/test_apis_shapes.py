@@ -2,7 +2,7 @@
 
 Two shortcuts skip work on the events of a named-event stream (Anthropic's Messages, OpenAI's
 Responses): the read loop splits a read of whole `event:` + `data:` events itself, without the SSE
-decoder (`sse_body._named_events`), and the reader takes a token event that is byte for byte its
+decoder (`sse_body`, `EventReader.add_events`), and the reader takes a token event that is byte for byte its
 stream's learned shape around one JSON string without parsing it as an object (`AnswerReader`'s
 `add_many`). Each is checked against the path without it, on random streams with corrupted events,
 `event: error`, comments and any split into reads: the same answer, the same counts, the same flags.
@@ -173,8 +173,10 @@ def test_arguments_named_only_by_item_id_learn_no_shape():
 
 def _sse(payload: bytes, rng_pick: int) -> bytes:
     """One named event as servers write it, or (rng_pick) in a form the read loop must leave to the
-    SSE decoder: `event: error`, a comment before it, data without the space, two data lines, an
-    `id:` line, CRLF line ends."""
+    SSE decoder: `event: error`, a comment before it, data without the space, two data lines (also
+    split inside a token event's text, so the first starts as the learned shape and the second ends
+    as it), an `id:` line before or after the data, CRLF line ends, an event without a data line
+    before it (plain or `event: error`), an extra blank line after it, `event:` without its space."""
     try:
         name = str(orjson.loads(payload)["type"]).encode()
     except (orjson.JSONDecodeError, TypeError, KeyError):
@@ -191,6 +193,19 @@ def _sse(payload: bytes, rng_pick: int) -> bytes:
         return b"event: " + name + b"\nid: 7\ndata: " + payload + b"\n\n"
     if rng_pick == 6:
         return b"event: " + name + b"\r\ndata: " + payload + b"\r\n\r\n"
+    if rng_pick == 7:  # two data lines, the break inside the text (just after its opening quote)
+        at = payload.rfind(b'":"') + 3 if payload.rfind(b'":"') >= 0 else len(payload) // 2
+        return b"event: " + name + b"\ndata: " + payload[:at] + b"\ndata: " + payload[at:] + b"\n\n"
+    if rng_pick == 8:
+        return b"event: " + name + b"\ndata: " + payload + b"\nid: 7\n\n"
+    if rng_pick == 9:
+        return b"event: " + name + b"\n\nevent: " + name + b"\ndata: " + payload + b"\n\n"
+    if rng_pick == 10:
+        return b"event: error\n\nevent: " + name + b"\ndata: " + payload + b"\n\n"
+    if rng_pick == 11:
+        return b"event: " + name + b"\ndata: " + payload + b"\n\n\n"
+    if rng_pick == 12:
+        return b"event:" + name + b"\ndata: " + payload + b"\n\n"
     return b"event: " + name + b"\ndata: " + payload + b"\n\n"
 
 
@@ -216,7 +231,7 @@ def test_the_read_loop_splits_named_events_as_the_decoder_does(data, api):
     the decoder alone gives."""
     cls = MessagesStream if api == "messages" else ResponsesStream
     payloads = [p for p in data.draw(event_streams(api)) if b"\n" not in p and b"\r" not in p]
-    events = [_sse(p, data.draw(st.sampled_from([0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6]))) for p in payloads]
+    events = [_sse(p, data.draw(st.sampled_from([0] * 12 + list(range(1, 13))))) for p in payloads]
     body = b"".join(events)
     if data.draw(st.booleans()):  # an event a read (a paced stream)
         reads = events
@@ -233,3 +248,27 @@ def test_the_read_loop_splits_named_events_as_the_decoder_does(data, api):
     assert trace.token_chunks == want.token_chunks and trace.bad_events == want.bad_json
     assert ("first_token" in trace.t) == (want.token_chunks > 0)
     assert trace.comments == comments
+
+
+def test_a_read_of_named_events_is_taken_up_to_the_first_that_is_not_one_event():
+    """Messages' burst in one read: the read loop takes the events by their shape once learnt; an
+    event whose text would run into its tail (the head's closing quote read as the tail's) is
+    malformed, not an empty text; an event of two data lines stops the read loop there and that
+    event and the rest go to the SSE decoder: the answer is the decoder's alone."""
+    deltas = [b"event: content_block_delta\ndata: " + messages_event("text", f" w{i}", 0) + b"\n\n"
+              for i in range(6)]
+    head = messages_event("text", "", 0)[:-3]  # ... "text":"
+    overlap = b"event: content_block_delta\ndata: " + head + b'}}\n\n'
+    two_lines = b"event: content_block_delta\ndata: " + head + b'a\ndata: b"}}\n\n'
+    body = (b"event: message_start\ndata: " + _START["messages"] + b"\n\n" + b"".join(deltas[:3]) + overlap
+            + deltas[3] + b"event: ping\ndata: " + messages_event("ping", "", 0) + b"\n\n" + deltas[4] + two_lines
+            + deltas[5]
+            + b"event: message_stop\ndata: " + messages_event("end", "", 0) + b"\n\n")
+    trace = Trace("agent", 0, 1, 0, "r", 2, 0, 0)
+    reader = SSEBody(trace, MessagesStream)
+    reader.feed(body, 1000)
+    got = reader.finish()
+    want, _ = _decoded(MessagesStream, body)
+    assert _state(got) == _state(want)
+    assert got.bad_json == 2 and got.content == "".join(f" w{i}" for i in range(6)) and got.done
+    assert got._event_shape is not None and reader.dec is not None  # both paths were taken

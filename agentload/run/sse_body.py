@@ -53,31 +53,6 @@ def _data_lines(data: bytes, end: int) -> tuple[bytes, ...] | list[bytes]:
     return payloads
 
 
-def _named_events(data: bytes, end: int) -> list[bytes]:
-    """The payloads of `data[:end]` if it is whole events of one `event:` line and one `data:` line
-    each (Messages', Responses'), none of them `event: error`, else []. Lines go in threes (name,
-    data, the blank line between two events): with no line break inside a line, the data lines
-    joined by line breaks split on `\\ndata: ` into one payload per event exactly when every one
-    of them is a `data:` line, and likewise the names."""
-    i = data.find(b"\n", 7)  # the end of the first event's name
-    if data.find(b"\n", i + 1) == end:  # one event (a paced stream's read)
-        if data[i:i + 7] != b"\ndata: " or (i == 12 and data[7:12] == b"error"):
-            return []
-        return [data[i + 7:end]]
-    lines = data[:end].split(b"\n")
-    k = (len(lines) + 1) // 3
-    if len(lines) != 3 * k - 1 or any(lines[2::3]):
-        return []
-    names = lines[0::3]
-    if b"event: error" in names or b"\n".join(names).count(b"\nevent: ") != k - 1:
-        return []
-    datas = b"\n".join(lines[1::3])
-    if datas[:6] != b"data: ":
-        return []
-    payloads = datas[6:].split(b"\ndata: ")
-    return payloads if len(payloads) == k else []
-
-
 class SSEBody:
     """The read loop's per-read work: stamps, SSE events, chunk accumulation.
 
@@ -86,12 +61,15 @@ class SSEBody:
     after `await content.readany()`. Every stamp is a read's: first byte, first token (the read
     that carried the first token), the gaps between tokens (between the reads that carried them).
 
-    A read of whole one-line `data:` events only (chat's: a paced stream's one event, a burst's
-    whole answer), or of whole events of one `event:` line and one `data:` line each (Messages',
-    Responses'; no `event: error` among them), while nothing is held from an earlier read
-    (`plain`), is split into its payloads in a few C scans and splits and handed to the reader's
-    `add_many` in one call; anything else (comments, other lines, CRs, a partial event, a BOM, an
-    `event: error`) goes through the SSE decoder event by event. The decoder is made when it is first needed (most streams never need it), and
+    While nothing is held from an earlier read (`plain`), the whole events of a read are taken
+    without the SSE decoder: one-line `data:` events only (chat's: a paced stream's one event, a
+    burst's whole answer) are split into their payloads in a few C scans and handed to the
+    reader's `add_many` in one call; a read that starts with `event: ` (Messages', Responses') is
+    split on `\n\nevent: ` alone, one C split, and the reader's `add_events` takes its events
+    up to the first that is not exactly one `event:` and one `data:` line (it checks each as it
+    takes it: most by their learned shape, which holds the line break). Anything else (comments,
+    other lines, CRs, a partial event, a BOM, an event not taken) goes through the SSE decoder
+    event by event. The decoder is made when it is first needed (most streams never need it), and
     its `bytes_fed`/`events` count only what it saw. `chunks` and `token_chunks` are the
     reader's (one count, copied to the trace by `sync`).
 
@@ -179,16 +157,22 @@ class SSEBody:
         if self.plain and b"\r" not in data:
             end = data.rfind(b"\n\n")  # the end of the read's last whole event
             if end > 0:
+                cs = self.cs
+                had = cs.token_chunks
+                rest = end + 2  # where the bytes the decoder is given start
                 if data[:6] == b"data: ":
                     payloads = _data_lines(data, end)
+                    flags = cs.add_many(payloads) if payloads else -1
                 elif data[:7] == b"event: ":
-                    payloads = _named_events(data, end)
+                    events = data[7:end].split(b"\n\nevent: ")
+                    flags, taken = cs.add_events(events)
+                    if not taken:
+                        flags = -1
+                    elif taken < len(events):  # the first event not taken on: the decoder's
+                        rest = sum(map(len, events[:taken])) + 9 * taken
                 else:
-                    payloads = ()
-                if payloads:
-                    cs = self.cs
-                    had = cs.token_chunks
-                    flags = cs.add_many(payloads)
+                    flags = -1
+                if flags >= 0:
                     if flags & TOKEN:
                         trace.token_reads += 1
                         if had:  # (`_tokens`, written out: the path of nearly every read)
@@ -202,9 +186,11 @@ class SSEBody:
                             trace.first_output = cs.first_kind
                     if flags & DONE:
                         self._done(now)
-                    if end + 2 < len(data):  # the start of the next event: the decoder holds it
-                        (self.dec or self._decoder()).feed(data[end + 2:])
-                        self.plain = False
+                    if rest < len(data):  # the next event's start, or events not taken: the decoder's
+                        dec = self.dec or self._decoder()
+                        for kind, payload in dec.feed(data[rest:]):
+                            self._event(kind, payload, now)
+                        self.plain = dec.idle()
                     return
         dec = self.dec or self._decoder()
         for kind, payload in dec.feed(data):

@@ -100,7 +100,7 @@ class AnswerReader:
     __slots__ = ("id", "model", "fingerprint", "finish_reason", "usage", "error", "errors", "chunks", "token_chunks",
                  "bad_json", "first_bad", "done", "dones", "no_choices", "not_completion", "first_token_payload",
                  "first_kind", "after_done", "after_done_tokens", "first_after_done", "_content", "calls", "_shape",
-                 "_learned")
+                 "_learned", "_event_shape")
 
     def __init__(self) -> None:
         self.id: str | None = None
@@ -127,6 +127,7 @@ class AnswerReader:
         self.calls = ToolCalls()
         self._shape: Shape | None = None  # the stream's usual token event (`_learn`), or None
         self._learned = 0  # shapes learned so far (at most MAX_SHAPES per stream)
+        self._event_shape: Shape | None = None  # _shape with its event's name line before it (`add_events`)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(chunks={self.chunks}, token_chunks={self.token_chunks}, "
@@ -174,6 +175,12 @@ class AnswerReader:
         if shaped:
             out |= self._add_shaped(shaped, shape)  # type: ignore[arg-type]
         return out
+
+    def add_events(self, events: list[bytes]) -> tuple[int, int]:
+        """Whole SSE events of one `event:` and one `data:` line each, as the read loop splits them
+        (`EventReader.add_events`); their flags and how many were taken. This reader takes none:
+        the read loop hands them all to the SSE decoder."""
+        return 0, 0
 
     def _add_one(self, payload: bytes) -> int:
         """One payload, parsed and taken field by field (the API's reader)."""
@@ -331,6 +338,83 @@ class EventReader(AnswerReader):
         tokens = self._take_shaped(payloads, texts, shape[2])
         self.no_choices += len(payloads) - tokens
         return TOKEN if tokens else 0
+
+    def add_events(self, events: list[bytes]) -> tuple[int, int]:
+        """The events of one read, in stream order, each as `NAME\\ndata: PAYLOAD` (a read of
+        whole events split on `\\n\\nevent: `, its first `event: ` cut: `sse_body`); returns the
+        flags of what they carried (`add_many`'s) and how many were taken. An event is taken when
+        it is exactly one `event:` line and one `data:` line: its PAYLOAD as `add` takes a data
+        event's, or as `add_error_event` under `event: error`. The first one that is anything else
+        (a line break elsewhere, `data:` without its space, another field) is not taken, nor any
+        after it: the caller hands them to the SSE decoder.
+
+        A token event that is byte for byte the stream's learned shape with its name line before
+        it (`_event_shape`, learnt with `_shape`) around one JSON string is taken by that shape,
+        as in `add_many`, without a look at its lines of its own: the shape holds the event's one
+        line break, and a JSON string none (`_shaped_texts`)."""
+        out = taken = 0
+        run: list[bytes] | None = None
+        shape = self._event_shape
+        head, tail, hl = (shape[0], shape[1], len(shape[0])) if shape else (None, b"", 0)
+        for ev in events:
+            # (no shape: b"" is not None; the tail is looked for after the head: the two cannot overlap)
+            if ev[:hl] == head and ev.endswith(tail, hl):
+                if run is None:
+                    run = [ev]
+                else:
+                    run.append(ev)
+                continue
+            if run:
+                flags, n = self._add_run(run, shape)  # type: ignore[arg-type]
+                out |= flags
+                taken += n
+                if n < len(run):
+                    return out, taken
+                run = None
+            flags = self._add_event(ev)
+            if flags < 0:
+                return out, taken
+            out |= flags
+            taken += 1
+            if self._event_shape is not shape:
+                shape = self._event_shape
+                head, tail, hl = shape[0], shape[1], len(shape[0])  # type: ignore[index]
+        if run:
+            flags, n = self._add_run(run, shape)  # type: ignore[arg-type]
+            out |= flags
+            taken += n
+        return out, taken
+
+    def _add_run(self, run: list[bytes], shape: Shape) -> tuple[int, int]:
+        """Events of the learned event shape (`add_events`): their flags and how many were taken;
+        where their strings are not each one JSON string, each is taken on its own, up to the first
+        that is not one event."""
+        texts = self._shaped_texts(run, shape)
+        if texts is None:
+            out = 0
+            for i, ev in enumerate(run):
+                flags = self._add_event(ev)
+                if flags < 0:
+                    return out, i
+                out |= flags
+            return out, len(run)
+        tokens = self._take_shaped(run, texts, shape[2])
+        self.no_choices += len(run) - tokens
+        return (TOKEN if tokens else 0), len(run)
+
+    def _add_event(self, ev: bytes) -> int:
+        """One event `NAME\\ndata: PAYLOAD` (`add_events`): its flags, or -1 when it is not exactly
+        that (one line break, then `data: `)."""
+        i = ev.find(b"\n")
+        if ev[i:i + 7] != b"\ndata: " or ev.find(b"\n", i + 7) >= 0:
+            return -1
+        if i == 5 and ev[:5] == b"error":
+            return self.add_error_event(ev[12:])
+        shape = self._shape
+        flags = self._add_one(ev[i + 7:])
+        if self._shape is not shape:  # learnt from this event: the same with its name line
+            self._event_shape = (ev[:i + 7] + self._shape[0], self._shape[1], self._shape[2])  # type: ignore[index]
+        return flags
 
     def _add_one(self, payload: bytes) -> int:
         self.chunks += 1
