@@ -207,16 +207,17 @@ def main(argv: list[str] | None = None) -> int:
                 if a.only in (None, name):
                     clients.append(("bench.baseline", common + ["--body-bytes", str(body), "--parse", parse,
                                                                 "--api", api]))
+            api_args = [x for s in api_set for x in ("--set", s)]  # (every agentload client speaks the row's API)
             if a.only in (None, "agentload"):
-                clients.append(("bench.agentload_client", common + [x for s in api_set for x in ("--set", s)]))
+                clients.append(("bench.agentload_client", common + api_args))
             if a.before:
-                clients.append(("bench.agentload_client", common + ["--ablate", "all"]))
+                clients.append(("bench.agentload_client", common + api_args + ["--ablate", "all"]))
             if a.workers > 1:
                 # the workers share the client CPUs (on a 2-core machine: one core, so no speed-up)
-                clients.append(("bench.agentload_client", common + ["--workers", str(a.workers)]))
+                clients.append(("bench.agentload_client", common + api_args + ["--workers", str(a.workers)]))
             codes = [None] * len(clients)
             if a.code is not None and a.only in (None, "agentload"):
-                clients.append(("bench.agentload_client", common))
+                clients.append(("bench.agentload_client", common + api_args))
                 codes.append(a.code)
             runs: list[list[dict[str, Any]]] = [[] for _ in clients]
             for rep in range(a.reps):  # alternated: drift on a shared machine hits every client alike

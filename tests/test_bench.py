@@ -73,7 +73,8 @@ def test_bench_proxy_measures_what_the_proxy_adds():
 
 def test_bench_reps_and_another_copy_of_the_code(tmp_path):
     """--reps 2: every client twice, each row one of its runs, with both runs' figures; --code: an
-    agentload row from another copy of the package (here a git archive of HEAD), imported from there."""
+    agentload row from another copy of the package (here a git archive of HEAD), imported from there,
+    speaking the row's API as the other agentload row does (the same events a request)."""
     code = tmp_path / "code"
     code.mkdir()
     archive = subprocess.run(["git", "archive", "HEAD", "agentload"], capture_output=True, cwd=REPO, check=True).stdout
@@ -83,12 +84,15 @@ def test_bench_reps_and_another_copy_of_the_code(tmp_path):
         + "\nimport pathlib as _p\n_p.Path(__file__).with_name('IMPORTED').write_text('yes')\n")
     out = tmp_path / "bench.json"
     p = subprocess.run([sys.executable, "-m", "bench.run", "--paced", "", "--burst", "2", "--rounds", "2",
-                        "--ttft-ms", "5", "--chunks", "4", "--reps", "2", "--code", str(code), "--json", str(out)],
+                        "--ttft-ms", "5", "--chunks", "4", "--reps", "2", "--code", str(code), "--apis", "messages",
+                        "--json", str(out)],
                        capture_output=True, text=True, timeout=300, cwd=REPO)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = orjson.loads(out.read_bytes())["rows"]
-    assert [r["client"] for r in rows] == ["baseline", "floor", "agentload", "agentload (--code)"]
+    assert [r["client"] for r in rows] == ["baseline messages", "floor messages", "agentload messages",
+                                           "agentload (--code)"]
     assert all(len(r["reps_per_core"]) == 2 and r["requests"] == 2 * 2 for r in rows)
+    assert rows[3]["chunks"] == rows[2]["chunks"] == rows[0]["chunks"] == 2 * 2 * (2 + 4 + 3)  # Messages' events
     assert (code / "agentload" / "run" / "IMPORTED").read_text() == "yes"
     assert not (REPO / "agentload" / "run" / "IMPORTED").exists()
 
