@@ -168,3 +168,37 @@ def test_callgrind_summary_and_per_request_arithmetic(tmp_path):
     (tmp_path / "empty.out").write_text("")
     with pytest.raises(ValueError, match="no events/summary"):
         read_summary(tmp_path / "empty.out")
+
+
+def test_readpath_times_each_copy_reading_the_whole_answer(tmp_path):
+    """bench.readpath: agentload (this copy and another, each with its own reader classes) and the
+    raw loop read the bench server's answer of each API whole, burst and paced, with the same
+    events; the tool prints one line per API."""
+    from bench import readpath
+    from bench.server import TOKEN_TEXT, Settings
+
+    code = tmp_path / "code"
+    code.mkdir()
+    archive = subprocess.run(["git", "archive", "HEAD", "agentload"], capture_output=True, cwd=REPO, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(code)], input=archive, check=True)
+    apis = ["chat", "messages", "responses"]
+    ours = {k: m for k, m in sys.modules.items() if k == "agentload" or k.startswith("agentload.")}
+    try:
+        mine, other = readpath.load_copy(None, apis), readpath.load_copy(code, apis)
+    finally:  # the suite's own modules back, the very objects the other tests imported
+        for k in [k for k in sys.modules if k == "agentload" or k.startswith("agentload.")]:
+            del sys.modules[k]
+        sys.modules.update(ours)
+    assert all(mine[1][a] is not other[1][a] for a in apis) and mine[0] is not other[0]
+    for paced in (False, True):
+        for api in apis:
+            reads = readpath.answer_reads(getattr(Settings(50.0, 8, 5.0 if paced else 0.0), api), paced)
+            for copy in (mine, other):
+                got = readpath.agentload_answer(copy, api)(reads)
+                assert got.content == TOKEN_TEXT * 8 and got.done and got.token_chunks == 8 and not got.bad_json
+                assert readpath.raw_loop(reads, readpath.TOKEN[api]) == got.chunks
+    p = subprocess.run([sys.executable, "-m", "bench.readpath", "--code", str(code), "--n", "3", "--reps", "1"],
+                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    assert [ln.split()[0] for ln in lines[1:]] == apis and all("raw loop" in ln and f"({code})" in ln for ln in lines[1:])
