@@ -20,6 +20,11 @@ What this server does that the tests rely on (measured here, see /work/shared/DE
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -28,6 +33,7 @@ import pytest
 from agentload.launch import run_to_dir
 from agentload.records import load_records
 from agentload.run.scenario import load_scenario
+from helpers import REPO
 from llamacppproc import model_path
 from llamaserverproc import LlamaServerProc, need_llama_server
 from serverprocs import paused_after_round
@@ -78,29 +84,23 @@ every_s = 0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """server(parallel=1, ctx=2048, jinja=False, own=False) -> a running LlamaServerProc, shared by the
-    tests that ask for the same settings (a run leaves nothing behind in it but its prompt cache), or
-    with own=True one of the test's own (the SIGSTOP tests pause and stop theirs); all killed when
-    the module ends."""
+    """server(parallel=1, ctx=2048, jinja=False) -> a running LlamaServerProc, shared by the tests
+    that ask for the same settings (a run leaves nothing behind in it but its prompt cache); all
+    killed when the module ends. (The SIGSTOP runs start their own: sigstop_runs.)"""
     need_llama_server()
     model = model_path()
     logs = tmp_path_factory.mktemp("llama-server-logs")
-    running: list[LlamaServerProc] = []
     shared: dict[tuple[int, int, bool], LlamaServerProc] = {}
 
-    def start(parallel: int = 1, ctx: int = 2048, jinja: bool = False, own: bool = False) -> LlamaServerProc:
+    def start(parallel: int = 1, ctx: int = 2048, jinja: bool = False) -> LlamaServerProc:
         key = (parallel, ctx, jinja)
-        if not own and key in shared:
-            return shared[key]
-        srv = LlamaServerProc.start(model, logs / f"llama-server-{len(running)}.log", parallel=parallel, ctx=ctx,
-                                    jinja=jinja)
-        running.append(srv)
-        if not own:
-            shared[key] = srv
-        return srv
+        if key not in shared:
+            shared[key] = LlamaServerProc.start(model, logs / f"llama-server-{len(shared)}.log", parallel=parallel,
+                                                ctx=ctx, jinja=jinja)
+        return shared[key]
 
     yield start
-    for srv in running:
+    for srv in shared.values():
         srv.stop()
 
 
@@ -168,23 +168,62 @@ def test_scripted_run_is_healthy_and_props_are_read(server, tmp_path, api):
     assert "connections:" in text and summary["connections"]["reuse_rate"] is not None
 
 
-@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
-def test_server_paused_with_sigstop_is_a_server_stall_in_ttfb_at_the_right_round(server, tmp_path, api):
+APIS = ["chat", "messages", "responses"]
+
+
+@pytest.fixture(scope="module")
+def sigstop_runs(tmp_path_factory):
+    """One run per API, each against a llama-server of its own that is SIGSTOPped in the agent's tool
+    time after round 1, all three at once: a run spends most of its time waiting on its stopped
+    server (the stall, then its probes), so the three waits overlap instead of adding up. Each run
+    is the CLI in its own process, as a user runs it, so no run shares a process or an event loop
+    with another. {api: (stopped, summary, text with the server's log tail, records)}."""
+    need_llama_server()
+    tmp = tmp_path_factory.mktemp("sigstop")
+    base = tmp / "llama-server.toml"
+    base.write_text(BASE)
+    with contextlib.ExitStack() as stack:
+        started = {}
+        for api in APIS:
+            srv = LlamaServerProc.start(model_path(), tmp / f"llama-server-{api}.log")
+            stack.callback(srv.stop)
+            out = tmp / api
+            stopped = stack.enter_context(paused_after_round(srv.child, out / "records.jsonl", 1))
+            cmd = [sys.executable, "-m", "agentload.cli", "run", str(base), "--no-live", "--fail-on", "never",
+                   "--out", str(out), "--endpoint", srv.url]
+            # after_s above one answer's prompt time on a loaded 2-core machine (9 s seen with other
+            # builds on both cores); tool time 2 s: the watcher stops it long before round 2. The run
+            # ends about 2 x after_s after round 2 starts (the stall, then its probes, which hang as
+            # long); give_up_s only a little above after_s, enough for the probes to start
+            for o in ("agents.count=1", "agents.rounds=3", "conversation.tool_latency_ms=2000", "stall.after_s=12.0",
+                      "stall.give_up_s=15.0", f"target.api={api}"):
+                cmd += ["--set", o]
+            err = stack.enter_context(open(tmp / f"agentload-{api}.stderr", "wb"))
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+            stack.callback(_reap, proc)
+            started[api] = (srv, out, stopped, proc)
+        runs = {}
+        for api, (srv, out, stopped, proc) in started.items():
+            rc = proc.wait(timeout=300)  # bounded: each run ends itself after about 30 s
+            assert rc == 0, (tmp / f"agentload-{api}.stderr").read_text()[-3000:]
+            summary = orjson.loads((out / "summary.json").read_bytes())
+            text = (out / "report.txt").read_text() + "\n--- server log ---\n" + srv.log_tail(1500)
+            runs[api] = (stopped, summary, text, load_records(out / "records.jsonl").records)
+    return runs
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_server_paused_with_sigstop_is_a_server_stall_in_ttfb_at_the_right_round(sigstop_runs, api):
     """SIGSTOP in the agent's tool time after round 1: the kernel accepts the next request, the
     stopped server sends nothing, not even headers: round 2 stalls in ttfb, and it is a stall, not
     a queue (nothing else moves)."""
-    srv = server(own=True)
-    try:
-        with paused_after_round(srv.child, tmp_path / "run" / "records.jsonl", 1) as stopped:
-            summary, text, recs, _ = run(srv, tmp_path, [
-                # after_s above one answer's prompt time on a loaded 2-core machine (9 s seen with
-                # other builds on both cores); tool time 2 s: the watcher stops it long before round 2.
-                # The run ends about 2 x after_s after round 2 starts (the stall, then its probes, which
-                # hang as long); give_up_s only a little above after_s, enough for the probes to start
-                "agents.count=1", "agents.rounds=3", "conversation.tool_latency_ms=2000", "stall.after_s=12.0",
-                "stall.give_up_s=15.0", f"target.api={api}"])
-    finally:
-        srv.stop()
+    stopped, summary, text, recs = sigstop_runs[api]
     assert stopped.is_set(), text
     v = summary["verdict"]
     assert (v["kind"], v["phase"], v["first_round"]) == ("server_stall", "ttfb", 2), text
