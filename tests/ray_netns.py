@@ -27,6 +27,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 
+# (case, its mock, its scenario): each run once through the cluster and once in one process
+CASES = (("healthy", "healthy", "demo"), ("hang", "hang", "long-context-hang"))
+
+
 def sh(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -46,12 +50,21 @@ def main() -> int:
     from agentload.process import free_port
     from agentload.run.scenario import load_scenario
 
-    hang_cfg = load_scenario("long-context-hang").mock
-    mocks = {"healthy": MockProcess.start(MockConfig()), "hang": MockProcess.start(hang_cfg)}
+    cfgs = {"healthy": MockConfig(), "hang": load_scenario("long-context-hang").mock}
+    mocks = {name: MockProcess.start(cfg) for name, cfg in cfgs.items()}
     port = free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     tmp_a, tmp_b = out / "ray-head", out / "ray-node2"
+    # the one-process runs need no cluster: they go while Ray starts and the Ray runs go (each run
+    # mostly waits on its mock), each against a mock of its own, and are read at the end
+    alone: dict[str, subprocess.Popen] = {}
     try:
+        for case, mock, scen in CASES:
+            own = mocks[f"{mock}-one"] = MockProcess.start(cfgs[mock])
+            with open(out / f"{case}-one.stderr", "wb") as err:
+                alone[case] = subprocess.Popen([sys.executable, "-m", "agentload", "run", scen, "--endpoint", own.url,
+                                                "--no-live", "--out", str(out / f"{case}-one"), "--fail-on", "never"],
+                                               stdout=subprocess.DEVNULL, stderr=err)
         head = sh(ray_bin, "start", "--head", "--port", str(port), "--node-ip-address", "127.0.0.1",
                   "--num-cpus", "2", "--include-dashboard", "false", "--temp-dir", str(tmp_a),
                   "--disable-usage-stats", timeout=120, env=env)
@@ -60,7 +73,7 @@ def main() -> int:
                    "--num-cpus", "2", "--temp-dir", str(tmp_b), "--disable-usage-stats", timeout=120, env=env)
         result["steps"].append(["ray start --address", node2.returncode, node2.stderr[-800:]])
         addr = f"127.0.0.1:{port}"
-        for case, mock, scen in (("healthy", "healthy", "demo"), ("hang", "hang", "long-context-hang")):
+        for case, mock, scen in CASES:
             ep = mocks[mock].url
             # the healthy run names the cluster on the command line, the hang in the scenario's [cluster]
             how = (["--ray", addr, "--shards", "2"] if case == "healthy" else
@@ -68,16 +81,20 @@ def main() -> int:
             r = agentload("run", scen, "--endpoint", ep, *how, "--no-live",
                           "--out", str(out / f"{case}-ray"), "--fail-on", "never", "--metrics-port", "0")
             result[f"{case}-ray"] = {"rc": r.returncode, "stderr": r.stderr[-3000:]}
-            r = agentload("run", scen, "--endpoint", ep, "--no-live", "--out", str(out / f"{case}-one"),
-                          "--fail-on", "never")
-            result[f"{case}-one"] = {"rc": r.returncode, "stderr": r.stderr[-3000:]}
         # a shard killed mid-run, and a shard whose event loop freezes: through the Python API
         result["kill"] = kill_and_freeze(addr, mocks["healthy"].url, out / "kill")
         import ray
 
         result["nodes"] = sorted({n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}) if ray.is_initialized() else None
         ray.shutdown()  # this driver leaves before `ray stop` takes the cluster away under it
+        for case, p in alone.items():
+            result[f"{case}-one"] = {"rc": p.wait(timeout=180),
+                                     "stderr": (out / f"{case}-one.stderr").read_text(errors="replace")[-3000:]}
     finally:
+        for p in alone.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         for m in mocks.values():
             m.stop()
         sh(ray_bin, "stop", "--force", timeout=60, env=env)
