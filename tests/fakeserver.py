@@ -29,6 +29,7 @@ import orjson
 from aiohttp import web
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+SHUTDOWN_GRACE_S = 0.5
 
 
 async def sse_response(request: web.Request, events: list[str], status: int = 200,
@@ -92,7 +93,9 @@ class FakeServer:
         app.router.add_get("/v1/models", self._models)
         for path, h in self.gets.items():
             app.router.add_get(path, h)
-        runner = web.AppRunner(app, access_log=None)
+        # at the end, a handler still running (one that hangs on purpose) is cancelled after
+        # SHUTDOWN_GRACE_S instead of aiohttp's 60 s, past __exit__'s 10 s join: the test is done with it
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
         site = web.SockSite(runner, self._sock, ssl_context=self.ssl_context)
         await site.start()
