@@ -513,30 +513,3 @@ def test_through_smg_each_api(tmp_path, api):
         assert all(r.server_prompt_tokens == r.prompt_tokens for r in recs if r.outcome == "ok")
         every = load_records(tmp_path / "run" / "records.jsonl").records  # the stall probes that resent a big body too
         assert bad.stats()["hung"] == len([r for r in recs if r.stalled_phase]) + len(hung_probes(every, 6000)) > 0
-
-
-# ------------------------------------------------------------------ upstream llama.cpp llama-server (all three)
-
-
-@pytest.mark.llamacpp
-@pytest.mark.slow
-@pytest.mark.parametrize("api", APIS)
-def test_llama_server_each_api(tmp_path, api):
-    """llama-server serves /v1/messages and /v1/responses too: a scripted run in each API is healthy, its
-    usage read into the same fields (the server's prompt count, cached tokens from its prefix cache)."""
-    import test_llama_server as lls
-    from llamacppproc import model_path
-    from llamaserverproc import LlamaServerProc, need_llama_server
-    need_llama_server()
-    srv = LlamaServerProc.start(model_path(), tmp_path / "llama-server.log")
-    try:
-        summary, text, recs, meta = lls.run(srv, tmp_path, [f'target.api="{api}"'])
-    finally:
-        srv.stop()
-    assert summary["verdict"]["kind"] == "healthy", text
-    assert meta["api"] == api
-    agent = [r for r in recs if r.kind == "agent"]
-    assert len(agent) == 4 and all(r.outcome == "ok" and r.status == 200 for r in agent), text
-    assert all(r.server_prompt_tokens and r.first_output == "text" and r.finish_reason for r in agent), agent
-    if api != "messages":  # (its Messages stream says cache_read_input_tokens 0 in message_start, whatever it reused)
-        assert any(r.cached_tokens for r in agent if r.round == 2), agent

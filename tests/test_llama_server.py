@@ -153,15 +153,20 @@ def most_past_headers(recs) -> int:
 
 @pytest.mark.parametrize("api", ["chat", "messages", "responses"])
 def test_scripted_run_is_healthy_and_props_are_read(server, tmp_path, api):
-    """In each of the three APIs the server serves (issue 29): healthy, its usage read."""
+    """In each of the three APIs the server serves (issue 29): healthy, its usage read into the same
+    fields (the server's prompt count, cached tokens from its prefix cache)."""
     srv = server()
     summary, text, recs, meta = run(srv, tmp_path, [f"target.api={api}"])
     assert summary["verdict"]["kind"] == "healthy", text
+    assert meta["api"] == api
     agent = [r for r in recs if r.kind == "agent"]
     assert len(agent) == 4 and all(r.outcome == "ok" and r.status == 200 for r in agent), text
     for r in agent:
         assert r.server_prompt_tokens and r.server_prompt_tokens > 0, r  # its usage chunk
+        assert r.first_output == "text" and r.finish_reason, r
         assert r.t["headers"] <= r.t["end"] and r.stalled_phase is None
+    if api != "messages":  # (its Messages stream says cache_read_input_tokens 0 in message_start, whatever it reused)
+        assert any(r.cached_tokens for r in agent if r.round == 2), agent
     props = meta["server_props"]
     assert props["total_slots"] == 1 and props["n_ctx_per_slot"] == 2048, props
     assert props["supports_tool_calls"] is False and props["endpoint_metrics"] is True, props
