@@ -17,9 +17,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import aiohttp
 import anthropic
@@ -32,7 +29,7 @@ from agentload.mock import MockConfig, MockProcess
 from agentload.records import load_records
 from agentload.tokens import prompt_tokens
 from fakeserver import FakeServer, sse_response
-from helpers import REPO, hung_probes, run_scenario
+from helpers import hung_probes, run_scenario
 
 APIS = ("chat", "messages", "responses")
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
@@ -440,39 +437,6 @@ OTHER = {"demo": [("healthy", None, None)], "long-rounds": [("healthy", None, No
 OTHER_APIS = ("messages", "responses")
 
 
-@pytest.fixture(scope="module")
-def packaged_runs(tmp_path_factory):
-    """packaged_runs(name, api) -> the run folder of packaged scenario `name` in `api`. The first ask
-    for a scenario runs it in both APIs at once, each run the CLI in its own process (its own event
-    loop and embedded mock): a run here mostly waits on its mock's timers (a stall, a queue, tool
-    time), so the two waits overlap instead of adding up."""
-    done: dict[tuple[str, str], Path] = {}
-
-    def get(name: str, api: str) -> Path:
-        if (name, api) not in done:
-            base = tmp_path_factory.mktemp(name)
-            procs = {}
-            try:
-                for a in OTHER_APIS:
-                    with open(base / f"{a}.stderr", "wb") as err:
-                        procs[a] = subprocess.Popen(
-                            [sys.executable, "-m", "agentload.cli", "run", name, "--no-live", "--fail-on", "never",
-                             "--out", str(base / a), "--set", f'target.api="{a}"'],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
-                for a, proc in procs.items():
-                    rc = proc.wait(timeout=600)  # bounded: every packaged scenario ends itself
-                    assert rc == 0, (base / f"{a}.stderr").read_text(errors="replace")[-3000:]
-                    done[(name, a)] = base / a
-            finally:
-                for proc in procs.values():
-                    if proc.poll() is None:
-                        proc.kill()
-                        proc.wait()
-        return done[(name, api)]
-
-    return get
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("api", OTHER_APIS)
 @pytest.mark.parametrize("name", [c[0] for c in CASES] + list(OTHER))
@@ -484,7 +448,8 @@ def test_every_packaged_scenario_same_verdict_in_each_api(packaged_runs, name, a
     else:
         _, kind, phase, first = next(c for c in CASES if c[0] == name)
         wants = [(kind, phase, first)]
-    run = packaged_runs(name, api)
+    # (a scenario of test_verdicts runs there in chat: that run goes with these, see packaged_runs)
+    run = packaged_runs(name, api, APIS if name not in OTHER else OTHER_APIS)
     summary = orjson.loads((run / "summary.json").read_bytes())
     v = summary["verdict"]
     got = [(v["kind"], v["phase"], v["first_round"] if want[2] is not None else None) for want in wants]

@@ -28,9 +28,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("name,kind,phase,first_round", CASES, ids=[c[0] for c in CASES])
-def test_verdict_per_fault_class(tmp_path, name, kind, phase, first_round):
-    res = run_scenario(name, tmp_path)
-    v = res.summary["verdict"]
+def test_verdict_per_fault_class(packaged_runs, name, kind, phase, first_round):
+    summary = orjson.loads((packaged_runs(name, "chat") / "summary.json").read_bytes())
+    v = summary["verdict"]
     assert v["kind"] == kind, v
     assert v["phase"] == phase, v
     if first_round is not None:
@@ -40,7 +40,7 @@ def test_verdict_per_fault_class(tmp_path, name, kind, phase, first_round):
         assert v["agents_affected"] > 0 and v["evidence"]
     if kind == "server_stall":
         # every agent that stalled is reported with its round and phase
-        stalled = [a for a in res.summary["agents"] if a["outcome"] == "stalled"]
+        stalled = [a for a in summary["agents"] if a["outcome"] == "stalled"]
         assert stalled and all(a["stalled_round"] == first_round and a["stalled_phase"] == phase for a in stalled)
         # the pool is never blamed: it had free slots; canaries got through
         assert any("canaries" in e and "succeeded" in e for e in v["evidence"]), v["evidence"]
