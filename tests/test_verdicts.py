@@ -141,17 +141,47 @@ SLOW_FOR_EVERYONE = ["mock.decode_tokens_per_s=1", "mock.output_tokens=4", "agen
                      "canary.every_s=1", "canary.timeout_s=3", "canary.max_tokens=8"]
 
 
-@pytest.mark.parametrize("after_s", [5.0, 0.5])
-def test_a_server_slow_for_everyone_is_server_slow_with_the_canaries_as_its_evidence(tmp_path, after_s):
+SLOW_AFTER_S = (5.0, 0.5)
+
+
+@pytest.fixture(scope="module")
+def slow_for_everyone_runs(tmp_path_factory):
+    """{after_s: (summary, report text)}: the two runs of SLOW_FOR_EVERYONE at once, each the CLI in its
+    own process with its own mock; at a token a second each run is seconds of waiting, which overlap."""
+    base = tmp_path_factory.mktemp("slow-for-everyone")
+    procs = {}
+    try:
+        for after_s in SLOW_AFTER_S:
+            args = ["run", "healthy", "--no-live", "--fail-on", "never", "--out", str(base / f"{after_s:g}")]
+            for o in (*SLOW_FOR_EVERYONE, f"stall.after_s={after_s}"):
+                args += ["--set", o]
+            with open(base / f"{after_s:g}.stderr", "wb") as err:
+                procs[after_s] = subprocess.Popen([sys.executable, "-m", "agentload.cli", *args], cwd=REPO,
+                                                  stdout=subprocess.DEVNULL, stderr=err)
+        runs = {}
+        for after_s, proc in procs.items():
+            assert proc.wait(timeout=120) == 0, (base / f"{after_s:g}.stderr").read_text()[-3000:]
+            out = base / f"{after_s:g}"
+            runs[after_s] = (orjson.loads((out / "summary.json").read_bytes()), (out / "report.txt").read_text())
+        return runs
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.parametrize("after_s", SLOW_AFTER_S)
+def test_a_server_slow_for_everyone_is_server_slow_with_the_canaries_as_its_evidence(slow_for_everyone_runs, after_s):
     """A token a second for everyone: an agent's answer takes seconds, a canary's 8 tokens outlast its
     canary.timeout_s (3 s). The canaries timed out behind the same slowness: the verdict says the server
     is slow for everyone, never `canary_failures`, and never that it is "not answering anyone". With
     stall.after_s = 5 no gap is a stall; with 0.5 every gap is one, and every request finished."""
-    res = run_scenario("healthy", tmp_path, [*SLOW_FOR_EVERYONE, f"stall.after_s={after_s}"])
-    v = res.summary["verdict"]
-    assert v["kind"] == "server_slow", res.text
+    summary, text = slow_for_everyone_runs[after_s]
+    v = summary["verdict"]
+    assert v["kind"] == "server_slow", text
     kinds = [v["kind"]] + [s["kind"] for s in v["secondary"]]
-    assert "canary_failures" not in kinds, res.text
+    assert "canary_failures" not in kinds, text
     ev = "\n".join(v["evidence"])
     assert "not answering anyone" not in ev and "0 request(s) of that size or larger completed" not in ev, ev
     assert "timed out at canary.timeout_s = 3 s while their tokens were still arriving" in ev, ev
