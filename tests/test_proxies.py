@@ -14,11 +14,15 @@ What these runs rely on (measured here, /work/shared/DESIGN.md):
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import orjson
 import pytest
 
 from agentload.mock.config import MockConfig
 from agentload.records import load_records
-from helpers import run_scenario
+from helpers import REPO, run_scenario
 from proxyprocs import SSE_LOCATION, HaproxyProcess, NginxProcess, proxy_skip_reason
 from serverprocs import RouterStack
 
@@ -54,47 +58,89 @@ def _kinds(v: dict) -> list[str]:
     return [v["kind"]] + [s["kind"] for s in v["secondary"]]
 
 
-@pytest.mark.parametrize("cls,conf", [(NginxProcess, dict(location="proxy_read_timeout 2s; " + SSE_LOCATION)),
-                                      (HaproxyProcess, dict(timeouts="timeout server 2s"))],
-                         ids=["nginx", "haproxy"])
-def test_a_proxy_timeout_in_front_of_a_hang_names_the_proxy_and_the_servers_hang(tmp_path, behind, cls, conf):
+# each proxy with a 2 s timeout in front of the mock
+TIMEOUT_PROXIES = {"nginx": (NginxProcess, dict(location="proxy_read_timeout 2s; " + SSE_LOCATION)),
+                   "haproxy": (HaproxyProcess, dict(timeouts="timeout server 2s"))}
+
+
+@pytest.fixture(scope="module")
+def timeout_runs(tmp_path_factory):
+    """timeout_runs(mock) -> {proxy name: (report text, verdict, agent records)}: a run of RUN through
+    each of TIMEOUT_PROXIES in front of a mock of its own with config `mock` (HANG or CUT), both runs at
+    once, each the CLI in its own process: a run waits out the mock's hang behind the proxy's timer, so
+    the two waits overlap."""
+    done: dict[str, dict] = {}
+
+    def get(name: str, cfg: dict) -> dict:
+        if name not in done:
+            base = tmp_path_factory.mktemp(f"timeout-{name}")
+            procs = {}
+            with RouterStack(lambda urls, cls, **kw: cls.start(urls[0], base / f"{cls.NAME}-proxy", **kw)) as stack:
+                try:
+                    for proxy_name, (cls, conf) in TIMEOUT_PROXIES.items():
+                        proxy, _ = stack.start([MockConfig(**cfg)], cls, **conf)
+                        args = ["run", "healthy", "--no-live", "--fail-on", "never", "--out", str(base / proxy_name),
+                                "--endpoint", proxy.url]
+                        for o in RUN:
+                            args += ["--set", o]
+                        with open(base / f"{proxy_name}.stderr", "wb") as err:
+                            procs[proxy_name] = subprocess.Popen([sys.executable, "-m", "agentload.cli", *args],
+                                                                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
+                    runs = {}
+                    for proxy_name, proc in procs.items():
+                        assert proc.wait(timeout=300) == 0, (base / f"{proxy_name}.stderr").read_text()[-3000:]
+                        out = base / proxy_name
+                        summary = orjson.loads((out / "summary.json").read_bytes())
+                        recs = [r for r in load_records(out / "records.jsonl").records if r.kind == "agent"]
+                        runs[proxy_name] = ((out / "report.txt").read_text(), summary["verdict"], recs)
+                    done[name] = runs
+                finally:
+                    for proc in procs.values():
+                        if proc.poll() is None:
+                            proc.kill()
+                            proc.wait()
+        return done[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", TIMEOUT_PROXIES)
+def test_a_proxy_timeout_in_front_of_a_hang_names_the_proxy_and_the_servers_hang(timeout_runs, name):
     """The mock hangs before headers from ~2,500 prompt tokens on; the proxy's 2 s timeout answers 504
     first (agentload's stall.after_s is 5 s): every failure is the proxy's 504 at 2.0 s after its send."""
-    proxy, _ = behind(cls, HANG, **conf)
-    res, v, recs = _run(tmp_path, proxy)
+    cls = TIMEOUT_PROXIES[name][0]
+    text, v, recs = timeout_runs("hang", HANG)[name]
     failed = [r for r in recs if r.outcome == "error"]
     assert failed and all(r.error == "http_504" for r in failed), [(r.error, r.error_msg) for r in failed][:3]
     # (a busy machine fires a timer late, and stamps a send late: agentload's "sent" is after the write)
     took = sorted((r.t["headers"] - r.t["sent"]) / 1e9 for r in failed)
     assert took[0] >= 1.9 and 2.0 <= took[len(took) // 2] < 2.1 and took[-1] < 2.5, took
-    assert v["kind"] == "proxy_timeout" and v["phase"] == "ttfb", res.text
-    name = "nginx/1.22" if cls is NginxProcess else "haproxy"
-    assert "ended 2.0" in v["summary"] and "after send" in v["summary"] and f"by {name}" in v["summary"], v["summary"]
+    assert v["kind"] == "proxy_timeout" and v["phase"] == "ttfb", text
+    by = "nginx/1.22" if cls is NginxProcess else "haproxy"
+    assert "ended 2.0" in v["summary"] and "after send" in v["summary"] and f"by {by}" in v["summary"], v["summary"]
     assert "the hang is the server's" in v["summary"]
     ev = "\n".join(v["evidence"])
     assert "504 Gateway Time-out" in ev and "proxy_read_timeout" in ev and "timeout server" in ev, ev
-    assert "server_errors" not in _kinds(v), res.text
+    assert "server_errors" not in _kinds(v), text
     if cls is NginxProcess:
         assert all(r.server and r.server.startswith("nginx/") for r in failed)
     else:  # haproxy signs its page, not a header
         assert all(r.server is None for r in failed) and "The server didn't respond in time" in ev
 
 
-@pytest.mark.parametrize("cls,conf", [(NginxProcess, dict(location="proxy_read_timeout 2s; " + SSE_LOCATION)),
-                                      (HaproxyProcess, dict(timeouts="timeout server 2s"))],
-                         ids=["nginx", "haproxy"])
-def test_a_stream_cut_by_a_proxy_timeout_counts_its_silence_in_its_largest_gap(tmp_path, behind, cls, conf):
+@pytest.mark.parametrize("name", TIMEOUT_PROXIES)
+def test_a_stream_cut_by_a_proxy_timeout_counts_its_silence_in_its_largest_gap(timeout_runs, name):
     """The mock stops mid-stream after 3 tokens: the proxy cuts the chunked body ~2 s later. The cut
     is a proxy timeout in `stream`, and each stream's silence before the cut is its largest gap."""
-    proxy, _ = behind(cls, CUT, **conf)
-    res, v, recs = _run(tmp_path, proxy)
+    cls = TIMEOUT_PROXIES[name][0]
+    text, v, recs = timeout_runs("cut", CUT)[name]
     failed = [r for r in recs if r.outcome == "error"]
     assert failed and all(r.error == "ClientPayloadError" and r.token_chunks >= 1 for r in failed), \
         [(r.error, r.token_chunks) for r in failed][:3]
     assert all(r.max_gap_at == r.t["end"] and r.max_gap_ns >= 1.5e9 for r in failed), \
         [(r.max_gap_ns, r.max_gap_at - r.t["end"]) for r in failed][:3]
-    assert v["kind"] == "proxy_timeout" and v["phase"] == "stream", res.text
-    assert "stream(s) cut" in v["summary"] and "disconnects" not in _kinds(v), res.text
+    assert v["kind"] == "proxy_timeout" and v["phase"] == "stream", text
+    assert "stream(s) cut" in v["summary"] and "disconnects" not in _kinds(v), text
     if cls is NginxProcess:
         assert "by nginx/1.22" in v["summary"], v["summary"]
     else:  # haproxy passes the mock's Server header on: nothing names it, and the verdict says so
