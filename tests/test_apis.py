@@ -17,6 +17,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import aiohttp
 import anthropic
@@ -29,7 +31,7 @@ from agentload.mock import MockConfig, MockProcess
 from agentload.records import load_records
 from agentload.tokens import prompt_tokens
 from fakeserver import FakeServer, sse_response
-from helpers import hung_probes, run_scenario
+from helpers import REPO, hung_probes, run_scenario
 
 APIS = ("chat", "messages", "responses")
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
@@ -493,28 +495,56 @@ def test_endpoint_and_url_follow_the_api():
 # ------------------------------------------------------------------ through a real router (smg routes all three)
 
 
-@pytest.mark.smg
-@pytest.mark.parametrize("api", ["messages", "responses"])
-def test_through_smg_each_api(tmp_path, api):
-    """smg (SGLang's model gateway) passes /v1/messages and /v1/responses on to its workers: the long-context
-    hang on one of two backends is the same server_stall in ttfb from round 4 as with chat (test_smg), and the
-    records name the backend that answered."""
+@pytest.fixture(scope="module")
+def smg_hang_runs(tmp_path_factory):
+    """{api: (run folder, the hanging backend's hung count)}: long-context-hang through smg in front of
+    a good and a hanging mock, in messages and in responses at once (each API its own smg and mocks,
+    each run the CLI in its own process): a run mostly waits on its hung requests, so the waits overlap."""
     from smgproc import SmgProcess, smg_executable
     if smg_executable() is None:
         pytest.skip("the `smg` executable is missing (pip install smg, or pip install -e '.[test]')")
     from serverprocs import RouterStack
 
+    base = tmp_path_factory.mktemp("smg-each-api")
     flags = ["--disable-retries", "--request-timeout-secs", "60"]
-    with RouterStack(lambda urls: SmgProcess.start(urls, tmp_path / "smg.log", flags)) as stack:
-        smg, (good, bad) = stack.start([
-            MockConfig(decode_tokens_per_s=2000, output_tokens=16, name="good"),
-            MockConfig(decode_tokens_per_s=2000, output_tokens=16, hang_above_tokens=6000, name="bad")])
-        res = run_scenario("long-context-hang", tmp_path / "run", [f'target.endpoint="{smg.url}"', f'target.api="{api}"',
-                                                                   "canary.every_s=1.0"])
-        v = res.summary["verdict"]
-        assert (v["kind"], v["phase"], v["first_round"]) == ("server_stall", "ttfb", 4), res.text
-        recs = _agent_records(tmp_path / "run")
-        assert {r.backend for r in recs if r.outcome == "ok"} == {"good", "bad"}
-        assert all(r.server_prompt_tokens == r.prompt_tokens for r in recs if r.outcome == "ok")
-        every = load_records(tmp_path / "run" / "records.jsonl").records  # the stall probes that resent a big body too
-        assert bad.stats()["hung"] == len([r for r in recs if r.stalled_phase]) + len(hung_probes(every, 6000)) > 0
+    procs: dict[str, subprocess.Popen] = {}
+    with RouterStack(lambda urls, log: SmgProcess.start(urls, log, flags)) as stack:
+        try:
+            bads = {}
+            for api in OTHER_APIS:
+                smg, (_, bads[api]) = stack.start([
+                    MockConfig(decode_tokens_per_s=2000, output_tokens=16, name="good"),
+                    MockConfig(decode_tokens_per_s=2000, output_tokens=16, hang_above_tokens=6000, name="bad")],
+                    base / f"smg-{api}.log")
+                with open(base / f"{api}.stderr", "wb") as err:
+                    procs[api] = subprocess.Popen(
+                        [sys.executable, "-m", "agentload.cli", "run", "long-context-hang", "--no-live", "--fail-on",
+                         "never", "--out", str(base / api), "--endpoint", smg.url, "--set", f'target.api="{api}"',
+                         "--set", "canary.every_s=1.0"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
+            runs = {}
+            for api, proc in procs.items():
+                assert proc.wait(timeout=300) == 0, (base / f"{api}.stderr").read_text()[-3000:]
+                runs[api] = (base / api, bads[api].stats()["hung"])
+            return runs
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+
+
+@pytest.mark.smg
+@pytest.mark.parametrize("api", OTHER_APIS)
+def test_through_smg_each_api(smg_hang_runs, api):
+    """smg (SGLang's model gateway) passes /v1/messages and /v1/responses on to its workers: the long-context
+    hang on one of two backends is the same server_stall in ttfb from round 4 as with chat (test_smg), and the
+    records name the backend that answered."""
+    run, hung = smg_hang_runs[api]
+    summary = orjson.loads((run / "summary.json").read_bytes())
+    v = summary["verdict"]
+    assert (v["kind"], v["phase"], v["first_round"]) == ("server_stall", "ttfb", 4), (run / "report.txt").read_text()
+    recs = _agent_records(run)
+    assert {r.backend for r in recs if r.outcome == "ok"} == {"good", "bad"}
+    assert all(r.server_prompt_tokens == r.prompt_tokens for r in recs if r.outcome == "ok")
+    every = load_records(run / "records.jsonl").records  # the stall probes that resent a big body too
+    assert hung == len([r for r in recs if r.stalled_phase]) + len(hung_probes(every, 6000)) > 0
