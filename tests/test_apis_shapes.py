@@ -4,13 +4,16 @@ Two shortcuts skip work on the events of a named-event stream (Anthropic's Messa
 Responses): the read loop splits a read of whole `event:` + `data:` events itself, without the SSE
 decoder (`sse_body`, `EventReader.add_events`), and the reader takes a token event that is byte for byte its
 stream's learned shape around one JSON string without parsing it as an object (`AnswerReader`'s
-`add_many`). Each is checked against the path without it, on random streams with corrupted events,
-`event: error`, comments and any split into reads: the same answer, the same counts, the same flags.
+`add_many`), also by the text shape an earlier stream of the same API learnt
+(`EventReader._text_shapes`). Each is checked against the path without it, on random streams with
+corrupted events, `event: error`, comments and any split into reads: the same answer, the same
+counts, the same flags.
 """
 
 from __future__ import annotations
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +29,22 @@ _MUTATIONS = [b'"', b'\\', b'","x":"', b'"},"y":{"z":"', b'\\"', b'\n', b'"]', b
 
 _FIELDS = ("id", "model", "fingerprint", "finish_reason", "usage", "error", "errors", "chunks", "token_chunks",
            "bad_json", "first_bad", "done", "dones", "no_choices", "first_token_payload", "first_kind", "content")
+
+
+@pytest.fixture(autouse=True)
+def _no_shape_from_other_tests(monkeypatch):
+    """Each test starts with no text shape learnt by another test's streams (a test's own examples
+    may leave one to the next: the readers must take the same either way)."""
+    for cls in (MessagesStream, ResponsesStream):
+        monkeypatch.setattr(cls, "_text_shapes", None)
+
+
+def _parsed_only(cls):
+    """A reader that takes every event by its parse: it learns no shape and starts with none."""
+    r = cls()
+    r._learned = 99
+    r._shape = r._event_shape = None
+    return r
 
 
 def _state(r) -> dict:
@@ -132,8 +151,7 @@ def test_learned_shapes_take_exactly_what_parsing_every_event_takes(data, api):
     parsing every event gives, whatever the events and the reads' boundaries."""
     cls = MessagesStream if api == "messages" else ResponsesStream
     reads = _split(data.draw, data.draw(event_streams(api)))
-    fast, slow = cls(), cls()
-    slow._learned = 99  # never learns a shape: every event parsed
+    fast, slow = cls(), _parsed_only(cls)
     for payloads in reads:
         want = 0
         for p in payloads:
@@ -212,8 +230,7 @@ def _sse(payload: bytes, rng_pick: int) -> bytes:
 def _decoded(cls, body: bytes):
     """The reader fed event by event by the SSE decoder alone, every event parsed (the slow path),
     and the comments the decoder saw."""
-    cs = cls()
-    cs._learned = 99
+    cs = _parsed_only(cls)
     dec = SSEDecoder()
     for kind, payload in dec.feed(body) + dec.flush():
         if kind == DATA:
@@ -248,6 +265,81 @@ def test_the_read_loop_splits_named_events_as_the_decoder_does(data, api):
     assert trace.token_chunks == want.token_chunks and trace.bad_events == want.bad_json
     assert ("first_token" in trace.t) == (want.token_chunks > 0)
     assert trace.comments == comments
+
+
+def _read(cls, body: bytes, reads: list[bytes]) -> tuple[Trace, object]:
+    trace = Trace("agent", 0, 1, 0, "r", 2, 0, 0)
+    reader = SSEBody(trace, cls)
+    for i, r in enumerate(reads):
+        reader.feed(r, 1000 + i)
+    return trace, reader.finish()
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), api=st.sampled_from(["messages", "responses"]))
+def test_a_stream_taken_by_the_text_shape_another_stream_learnt_takes_what_parsing_takes(data, api):
+    """A stream starts with the text shape the last stream of its API learnt (a text event's effect
+    is its string, whatever came before it; a tool call's piece is not shared: its call may not be
+    open in the next stream): whatever the first stream taught, the next one's answer is what parsing
+    its every event gives, read by the read loop (burst or paced) and by `add_many`."""
+    cls = MessagesStream if api == "messages" else ResponsesStream
+    for teach in (data.draw(event_streams(api)), data.draw(event_streams(api))):
+        body = b"".join(b"event: x\ndata: " + p + b"\n\n" for p in teach if b"\n" not in p and b"\r" not in p)
+        _read(cls, body, [body])
+    assert cls._text_shapes is None or cls._text_shapes[0][2] is None
+    payloads = [p for p in data.draw(event_streams(api)) if b"\n" not in p and b"\r" not in p]
+    events = [b"event: x\ndata: " + p + b"\n\n" for p in payloads]
+    body = b"".join(events)
+    want, _ = _decoded(cls, body)
+    trace, got = _read(cls, body, events if data.draw(st.booleans()) else [body])
+    assert _state(got) == _state(want)
+    assert trace.token_chunks == want.token_chunks and trace.bad_events == want.bad_json
+    fast, slow = cls(), _parsed_only(cls)
+    assert fast.add_many(payloads) == slow.add_many(payloads) and _state(fast) == _state(slow)
+
+
+@pytest.mark.parametrize("api", ["messages", "responses"])
+def test_a_tool_calls_shape_is_not_the_next_streams(api):
+    """A stream whose last learnt shape is a tool call's arguments leaves none to the next stream:
+    there, the same event with no call opened is malformed (what its parse says), not a piece."""
+    cls = MessagesStream if api == "messages" else ResponsesStream
+    make = _MAKE[api]
+    teach = [_START[api], make("tool", "", 0), make("args", '{"a"', 0), make("args", ":1}", 0)]
+    trace, got = _read(cls, b"", [b"".join(b"event: x\ndata: " + p + b"\n\n" for p in teach)])
+    assert got._shape is not None and got._shape[2] == 0 and cls._text_shapes is None
+    body = b"event: x\ndata: " + _START[api] + b"\n\nevent: x\ndata: " + make("args", "{", 0) + b"\n\n"
+    trace, nxt = _read(cls, body, [body])
+    want, _ = _decoded(cls, body)
+    assert nxt.bad_json == want.bad_json == 1 and _state(nxt) == _state(want)
+
+
+def test_the_next_stream_starts_with_the_text_shape_and_its_server_stamp_teaches_none(monkeypatch):
+    """The bench server's burst twice: the first answer's first token carries the server's send
+    stamp and teaches no shape, its second does; the next answer starts with that shape, so only
+    its stamped first token is parsed; the stamp is read from the first token's payload either way."""
+    first = (b'{"mock_sent_ns":123,"type":"content_block_delta","index":0,'
+             b'"delta":{"type":"text_delta","text":" a"}}')
+    body = b"".join(b"event: " + name + b"\ndata: " + p + b"\n\n" for name, p in [
+        (b"message_start", _START["messages"]), (b"content_block_delta", first),
+        *[(b"content_block_delta", messages_event("text", f" w{i}", 0)) for i in range(4)],
+        (b"message_stop", messages_event("end", "", 0))])
+    assert MessagesStream._text_shapes is None
+    trace, got = _read(MessagesStream, body, [body])
+    assert got._learned == 1 and trace.server_first_token_ns == 123 and got.first_token_payload == first
+    assert MessagesStream._text_shapes == (got._shape, got._event_shape)
+    nxt = MessagesStream()
+    assert (nxt._shape, nxt._event_shape) == MessagesStream._text_shapes and nxt._learned == 0
+    parsed = []
+    parse = MessagesStream._add_one
+    monkeypatch.setattr(MessagesStream, "_add_one", lambda self, p: parsed.append(p) or parse(self, p))
+    trace = Trace("agent", 0, 1, 0, "r", 2, 0, 0)
+    reader = SSEBody(trace, MessagesStream)
+    reader.cs = nxt
+    reader.feed(body, 1000)
+    reader.finish()
+    assert parsed == [_START["messages"], first, messages_event("end", "", 0)]
+    assert nxt.content == " a w0 w1 w2 w3" and nxt.token_chunks == 5 and trace.server_first_token_ns == 123
+    assert _state(nxt) == _state(got)
 
 
 def test_a_read_of_named_events_is_taken_up_to_the_first_that_is_not_one_event():

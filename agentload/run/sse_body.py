@@ -16,12 +16,11 @@ import time
 from typing import Any
 
 from agentload.records import Trace
-from agentload.run.apis.reader import DONE, TOKEN, AnswerReader
+from agentload.run.apis.reader import DONE, SERVER_STAMP, TOKEN, AnswerReader
 from agentload.run.chat_stream import ChatStream
 from agentload.run.sse import COMMENT, DATA, SSEDecoder
 
 _now = time.perf_counter_ns
-_SERVER_STAMP = b'"mock_sent_ns":'
 
 
 def server_stamp(payload: bytes) -> int | None:
@@ -29,10 +28,10 @@ def server_stamp(payload: bytes) -> int | None:
 
     Looked for only in the chunk that produced the first token, so ordinary chunks cost nothing.
     """
-    i = payload.find(_SERVER_STAMP)
+    i = payload.find(SERVER_STAMP)
     if i < 0:
         return None
-    i += len(_SERVER_STAMP)
+    i += len(SERVER_STAMP)
     j = i
     n = len(payload)
     while j < n and payload[j] in b" 0123456789":

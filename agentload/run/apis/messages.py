@@ -215,18 +215,27 @@ class MessagesStream(EventReader):
             return 0
         if type(u) is not dict:
             raise TypeError
-        for key, attr in (("input_tokens", "_in"), ("output_tokens", "_out"), ("cache_read_input_tokens", "_cached"),
-                          ("cache_creation_input_tokens", "_created")):
-            v = u.get(key)
-            if type(v) is int:
-                setattr(self, attr, v)
+        # (each count kept from the last event that had it as an int: message_start's input, message_delta's output)
+        v = u.get("input_tokens")
+        if type(v) is int:
+            self._in = v
+        v = u.get("output_tokens")
+        if type(v) is int:
+            self._out = v
+        v = u.get("cache_read_input_tokens")
+        if type(v) is int:
+            self._cached = v
+        v = u.get("cache_creation_input_tokens")
+        if type(v) is int:
+            self._created = v
         usage: dict[str, Any] = {}
+        cached = self._cached
         if self._in is not None:
-            usage["prompt_tokens"] = self._in + (self._cached or 0) + (self._created or 0)
+            usage["prompt_tokens"] = self._in + (cached or 0) + (self._created or 0)
         if self._out is not None:
             usage["completion_tokens"] = self._out
-        if self._cached is not None:
-            usage["prompt_tokens_details"] = {"cached_tokens": self._cached}
+        if cached is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
         self.usage = usage or None
         return USAGE if usage else 0
 

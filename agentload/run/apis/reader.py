@@ -37,6 +37,9 @@ BAD_JSON = 32
 _ERROR_MAX = 300  # characters kept in .error
 BAD_SAMPLE = 120  # bytes of the first malformed payload kept in .first_bad
 MAX_SHAPES = 4  # token-event shapes learned per stream (a server whose every event differs: the parsed path)
+# The send stamp agentload's mock and bench/server.py put in an answer's first token event (read by
+# `sse_body.server_stamp`): that event is not the stream's usual shape, so none is learnt from it
+SERVER_STAMP = b'"mock_sent_ns":'
 
 # A stream's usual token event as the bytes around its one changing JSON string (`_learn`): (head,
 # tail, where the string goes: None for the answer's text, else a tool call's index)
@@ -197,7 +200,11 @@ class AnswerReader:
         they can only be that: the key occurs once in the payload, right before a colon and the
         string as orjson writes it. (Quotes inside a JSON string are escaped, so those bytes are the
         object's own key; another spelling of the same text, `\\u00e9` for an accent, learns
-        nothing and the stream's events are parsed.)"""
+        nothing and the stream's events are parsed.) An event with the server's send stamp
+        (`SERVER_STAMP`, the first token's on agentload's mock and the bench server) is unlike the
+        stream's others: none is learnt from it, and the next token event is learnt from."""
+        if SERVER_STAMP in payload:
+            return
         self._learned += 1
         if payload.count(key) != 1:  # (also as a string anywhere else, or the key spelt with spaces)
             return
@@ -224,10 +231,11 @@ class AnswerReader:
             return None
         return texts if len(texts) == len(payloads) else None
 
-    def _take_shaped(self, payloads: list[bytes], texts: list, call: int | None) -> int:
+    def _take_shaped(self, payloads: list[bytes], texts: list, call: int | None, data_at: int = 0) -> int:
         """Shaped payloads' strings taken, as their events' parse would have: the answer's text
         (call None) or pieces of tool call `call`'s arguments. Returns how many carried a token
-        (an empty string is none)."""
+        (an empty string is none). (`data_at`: where the payload starts in each, after an event's
+        name line.)"""
         n = len(payloads)
         self.chunks += n
         tokens = n - texts.count("")
@@ -238,7 +246,7 @@ class AnswerReader:
         else:
             self.calls.calls[call][PIECES].extend(texts)
         if self.first_token_payload is None:
-            self.first_token_payload = payloads[next(i for i, t in enumerate(texts) if t)]
+            self.first_token_payload = payloads[next(i for i, t in enumerate(texts) if t)][data_at:]
             if self.first_kind is None:
                 self.first_kind = "text" if call is None else "tool"
         self.token_chunks += tokens
@@ -321,6 +329,15 @@ class EventReader(AnswerReader):
 
     __slots__ = ()
     HANDLERS: dict[str, Handler] = {}
+    # The text shape the last stream of this API learnt, as `_shape` and `_event_shape`: a new
+    # stream starts with it (see `_add_event`)
+    _text_shapes: tuple[Shape, Shape] | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        known = self._text_shapes
+        if known is not None:
+            self._shape, self._event_shape = known
 
     def _shaped(self, obj: dict) -> tuple[bytes, str, int | None] | None:
         """A token event (its handler took it) whose whole effect is one output string: (its key,
@@ -398,7 +415,7 @@ class EventReader(AnswerReader):
                     return out, i
                 out |= flags
             return out, len(run)
-        tokens = self._take_shaped(run, texts, shape[2])
+        tokens = self._take_shaped(run, texts, shape[2], shape[0].find(b"\n") + 7)
         self.no_choices += len(run) - tokens
         return (TOKEN if tokens else 0), len(run)
 
@@ -413,7 +430,10 @@ class EventReader(AnswerReader):
         shape = self._shape
         flags = self._add_one(ev[i + 7:])
         if self._shape is not shape:  # learnt from this event: the same with its name line
-            self._event_shape = (ev[:i + 7] + self._shape[0], self._shape[1], self._shape[2])  # type: ignore[index]
+            learnt = self._shape
+            self._event_shape = (ev[:i + 7] + learnt[0], learnt[1], learnt[2])  # type: ignore[index]
+            if learnt[2] is None:  # (text: what a tool call's piece is depends on the calls opened before it)
+                type(self)._text_shapes = (learnt, self._event_shape)  # type: ignore[assignment]
         return flags
 
     def _add_one(self, payload: bytes) -> int:
