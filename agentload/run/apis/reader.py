@@ -330,7 +330,10 @@ class EventReader(AnswerReader):
     __slots__ = ()
     HANDLERS: dict[str, Handler] = {}
     # The text shape the last stream of this API learnt, as `_shape` and `_event_shape`: a new
-    # stream starts with it (see `_add_event`)
+    # stream starts with it, so a server whose text events are the same from one answer to the next
+    # (Messages': no id in them) has each answer's taken by shape from its first. A text event's
+    # effect is its string whatever came before it in its stream; a tool call's piece is not passed
+    # on (its call may not be open in the next stream). Set where a stream learns one (`_add_event`).
     _text_shapes: tuple[Shape, Shape] | None = None
 
     def __init__(self) -> None:
@@ -432,7 +435,7 @@ class EventReader(AnswerReader):
         if self._shape is not shape:  # learnt from this event: the same with its name line
             learnt = self._shape
             self._event_shape = (ev[:i + 7] + learnt[0], learnt[1], learnt[2])  # type: ignore[index]
-            if learnt[2] is None:  # (text: what a tool call's piece is depends on the calls opened before it)
+            if learnt[2] is None:  # (text only: see _text_shapes)
                 type(self)._text_shapes = (learnt, self._event_shape)  # type: ignore[assignment]
         return flags
 
