@@ -136,7 +136,11 @@ class MessagesStream(EventReader):
     def __init__(self) -> None:
         super().__init__()
         self.stop_reason: str | None = None  # as sent
-        self._in = self._out = self._cached = self._created = None
+        # usage's counts as last sent (`_usage`)
+        self._in: int | None = None
+        self._out: int | None = None
+        self._cached: int | None = None
+        self._created: int | None = None
 
     # ---- streaming: one handler per event type (`HANDLERS`)
 

@@ -432,11 +432,11 @@ class EventReader(AnswerReader):
             return self.add_error_event(ev[12:])
         shape = self._shape
         flags = self._add_one(ev[i + 7:])
-        if self._shape is not shape:  # learnt from this event: the same with its name line
-            learnt = self._shape
-            self._event_shape = (ev[:i + 7] + learnt[0], learnt[1], learnt[2])  # type: ignore[index]
+        learnt = self._shape
+        if learnt is not shape and learnt is not None:  # learnt from this event: the same with its name line
+            self._event_shape = (ev[:i + 7] + learnt[0], learnt[1], learnt[2])
             if learnt[2] is None:  # (text only: see _text_shapes)
-                type(self)._text_shapes = (learnt, self._event_shape)  # type: ignore[assignment]
+                type(self)._text_shapes = (learnt, self._event_shape)
         return flags
 
     def _add_one(self, payload: bytes) -> int:
