@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 from typing import Callable
 
 import pytest
+
+from helpers import run_cli_together
 
 # development tooling (the DevTools client for the HTML render tests) lives in tools/, not in the package
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -43,31 +44,15 @@ def packaged_runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pat
     mostly wait on their mock's timers (a stall, a queue, tool time), so the waits overlap instead of
     adding up. Shared by tests/test_verdicts.py (chat) and tests/test_apis.py (the other APIs), so a
     scenario's chat run goes with the others'."""
-    repo = Path(__file__).resolve().parents[1]
     done: dict[tuple[str, str], Path] = {}
 
     def get(name: str, api: str, together: tuple[str, ...] = ()) -> Path:
         if (name, api) not in done:
-            base = tmp_path_factory.mktemp(name)
-            procs: dict[str, subprocess.Popen] = {}
-            try:
-                for a in dict.fromkeys((api, *together)):
-                    if (name, a) in done:
-                        continue
-                    with open(base / f"{a}.stderr", "wb") as err:
-                        procs[a] = subprocess.Popen(
-                            [sys.executable, "-m", "agentload.cli", "run", name, "--no-live", "--fail-on", "never",
-                             "--out", str(base / a), "--set", f'target.api="{a}"'],
-                            cwd=repo, stdout=subprocess.DEVNULL, stderr=err)
-                for a, proc in procs.items():
-                    rc = proc.wait(timeout=600)  # bounded: every packaged scenario ends itself
-                    assert rc == 0, (base / f"{a}.stderr").read_text(errors="replace")[-3000:]
-                    done[(name, a)] = base / a
-            finally:
-                for proc in procs.values():
-                    if proc.poll() is None:
-                        proc.kill()
-                        proc.wait()
+            runs = {a: ["run", name, "--no-live", "--fail-on", "never", "--set", f'target.api="{a}"']
+                    for a in dict.fromkeys((api, *together)) if (name, a) not in done}
+            # bounded: every packaged scenario ends itself
+            for a, out in run_cli_together(tmp_path_factory.mktemp(name), runs, timeout=600).items():
+                done[(name, a)] = out
         return done[(name, api)]
 
     return get

@@ -17,8 +17,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import aiohttp
 import anthropic
@@ -31,7 +29,7 @@ from agentload.mock import MockConfig, MockProcess
 from agentload.records import load_records
 from agentload.tokens import prompt_tokens
 from fakeserver import FakeServer, sse_response
-from helpers import REPO, hung_probes, run_scenario
+from helpers import hung_probes, run_cli_together, run_scenario
 
 APIS = ("chat", "messages", "responses")
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
@@ -507,30 +505,17 @@ def smg_hang_runs(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("smg-each-api")
     flags = ["--disable-retries", "--request-timeout-secs", "60"]
-    procs: dict[str, subprocess.Popen] = {}
     with RouterStack(lambda urls, log: SmgProcess.start(urls, log, flags)) as stack:
-        try:
-            bads = {}
-            for api in OTHER_APIS:
-                smg, (_, bads[api]) = stack.start([
-                    MockConfig(decode_tokens_per_s=2000, output_tokens=16, name="good"),
-                    MockConfig(decode_tokens_per_s=2000, output_tokens=16, hang_above_tokens=6000, name="bad")],
-                    base / f"smg-{api}.log")
-                with open(base / f"{api}.stderr", "wb") as err:
-                    procs[api] = subprocess.Popen(
-                        [sys.executable, "-m", "agentload.cli", "run", "long-context-hang", "--no-live", "--fail-on",
-                         "never", "--out", str(base / api), "--endpoint", smg.url, "--set", f'target.api="{api}"',
-                         "--set", "canary.every_s=1.0"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
-            runs = {}
-            for api, proc in procs.items():
-                assert proc.wait(timeout=300) == 0, (base / f"{api}.stderr").read_text()[-3000:]
-                runs[api] = (base / api, bads[api].stats()["hung"])
-            return runs
-        finally:
-            for proc in procs.values():
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+        runs, bads = {}, {}
+        for api in OTHER_APIS:
+            smg, (_, bads[api]) = stack.start([
+                MockConfig(decode_tokens_per_s=2000, output_tokens=16, name="good"),
+                MockConfig(decode_tokens_per_s=2000, output_tokens=16, hang_above_tokens=6000, name="bad")],
+                base / f"smg-{api}.log")
+            runs[api] = ["run", "long-context-hang", "--no-live", "--fail-on", "never", "--endpoint", smg.url,
+                         "--set", f'target.api="{api}"', "--set", "canary.every_s=1.0"]
+        outs = run_cli_together(base, runs, timeout=300)
+        return {api: (out, bads[api].stats()["hung"]) for api, out in outs.items()}
 
 
 @pytest.mark.smg

@@ -21,10 +21,6 @@ What this server does that the tests rely on (measured here, see /work/shared/DE
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -33,7 +29,7 @@ import pytest
 from agentload.launch import run_to_dir
 from agentload.records import load_records
 from agentload.run.scenario import load_scenario
-from helpers import REPO
+from helpers import run_cli_together
 from llamacppproc import model_path
 from llamaserverproc import LlamaServerProc, need_llama_server
 from serverprocs import paused_after_round
@@ -188,39 +184,24 @@ def sigstop_runs(tmp_path_factory):
     base = tmp / "llama-server.toml"
     base.write_text(BASE)
     with contextlib.ExitStack() as stack:
-        started = {}
+        servers, stopped, runs = {}, {}, {}
         for api in APIS:
-            srv = LlamaServerProc.start(model_path(), tmp / f"llama-server-{api}.log")
+            srv = servers[api] = LlamaServerProc.start(model_path(), tmp / f"llama-server-{api}.log")
             stack.callback(srv.stop)
-            out = tmp / api
-            stopped = stack.enter_context(paused_after_round(srv.child, out / "records.jsonl", 1))
-            cmd = [sys.executable, "-m", "agentload.cli", "run", str(base), "--no-live", "--fail-on", "never",
-                   "--out", str(out), "--endpoint", srv.url]
+            # (run_cli_together writes the run of `api` to tmp/api)
+            stopped[api] = stack.enter_context(paused_after_round(srv.child, tmp / api / "records.jsonl", 1))
+            runs[api] = ["run", str(base), "--no-live", "--fail-on", "never", "--endpoint", srv.url]
             # after_s above one answer's prompt time on a loaded 2-core machine (9 s seen with other
             # builds on both cores); tool time 2 s: the watcher stops it long before round 2. The run
             # ends about 2 x after_s after round 2 starts (the stall, then its probes, which hang as
             # long); give_up_s only a little above after_s, enough for the probes to start
             for o in ("agents.count=1", "agents.rounds=3", "conversation.tool_latency_ms=2000", "stall.after_s=12.0",
                       "stall.give_up_s=15.0", f"target.api={api}"):
-                cmd += ["--set", o]
-            err = stack.enter_context(open(tmp / f"agentload-{api}.stderr", "wb"))
-            proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-            stack.callback(_reap, proc)
-            started[api] = (srv, out, stopped, proc)
-        runs = {}
-        for api, (srv, out, stopped, proc) in started.items():
-            rc = proc.wait(timeout=300)  # bounded: each run ends itself after about 30 s
-            assert rc == 0, (tmp / f"agentload-{api}.stderr").read_text()[-3000:]
-            summary = orjson.loads((out / "summary.json").read_bytes())
-            text = (out / "report.txt").read_text() + "\n--- server log ---\n" + srv.log_tail(1500)
-            runs[api] = (stopped, summary, text, load_records(out / "records.jsonl").records)
-    return runs
-
-
-def _reap(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+                runs[api] += ["--set", o]
+        outs = run_cli_together(tmp, runs, timeout=300)  # bounded: each run ends itself after about 30 s
+        return {api: (stopped[api], orjson.loads((out / "summary.json").read_bytes()),
+                      (out / "report.txt").read_text() + "\n--- server log ---\n" + servers[api].log_tail(1500),
+                      load_records(out / "records.jsonl").records) for api, out in outs.items()}
 
 
 @pytest.mark.parametrize("api", APIS)

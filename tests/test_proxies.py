@@ -14,15 +14,12 @@ What these runs rely on (measured here, /work/shared/DESIGN.md):
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import orjson
 import pytest
 
 from agentload.mock.config import MockConfig
 from agentload.records import load_records
-from helpers import REPO, run_scenario
+from helpers import run_cli_together, run_scenario
 from proxyprocs import SSE_LOCATION, HaproxyProcess, NginxProcess, proxy_skip_reason
 from serverprocs import RouterStack
 
@@ -74,31 +71,19 @@ def timeout_runs(tmp_path_factory):
     def get(name: str, cfg: dict) -> dict:
         if name not in done:
             base = tmp_path_factory.mktemp(f"timeout-{name}")
-            procs = {}
             with RouterStack(lambda urls, cls, **kw: cls.start(urls[0], base / f"{cls.NAME}-proxy", **kw)) as stack:
-                try:
-                    for proxy_name, (cls, conf) in TIMEOUT_PROXIES.items():
-                        proxy, _ = stack.start([MockConfig(**cfg)], cls, **conf)
-                        args = ["run", "healthy", "--no-live", "--fail-on", "never", "--out", str(base / proxy_name),
-                                "--endpoint", proxy.url]
-                        for o in RUN:
-                            args += ["--set", o]
-                        with open(base / f"{proxy_name}.stderr", "wb") as err:
-                            procs[proxy_name] = subprocess.Popen([sys.executable, "-m", "agentload.cli", *args],
-                                                                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
-                    runs = {}
-                    for proxy_name, proc in procs.items():
-                        assert proc.wait(timeout=300) == 0, (base / f"{proxy_name}.stderr").read_text()[-3000:]
-                        out = base / proxy_name
-                        summary = orjson.loads((out / "summary.json").read_bytes())
-                        recs = [r for r in load_records(out / "records.jsonl").records if r.kind == "agent"]
-                        runs[proxy_name] = ((out / "report.txt").read_text(), summary["verdict"], recs)
-                    done[name] = runs
-                finally:
-                    for proc in procs.values():
-                        if proc.poll() is None:
-                            proc.kill()
-                            proc.wait()
+                runs = {}
+                for proxy_name, (cls, conf) in TIMEOUT_PROXIES.items():
+                    proxy, _ = stack.start([MockConfig(**cfg)], cls, **conf)
+                    runs[proxy_name] = ["run", "healthy", "--no-live", "--fail-on", "never", "--endpoint", proxy.url]
+                    for o in RUN:
+                        runs[proxy_name] += ["--set", o]
+                read = {}
+                for proxy_name, out in run_cli_together(base, runs, timeout=300).items():
+                    summary = orjson.loads((out / "summary.json").read_bytes())
+                    recs = [r for r in load_records(out / "records.jsonl").records if r.kind == "agent"]
+                    read[proxy_name] = ((out / "report.txt").read_text(), summary["verdict"], recs)
+                done[name] = read
         return done[name]
 
     return get

@@ -9,7 +9,7 @@ import time
 import orjson
 import pytest
 
-from helpers import REPO, cli, run_scenario
+from helpers import REPO, cli, run_cli_together, run_scenario
 
 pytestmark = pytest.mark.slow  # real runs of several seconds each: not in the fast tier
 
@@ -148,27 +148,14 @@ SLOW_AFTER_S = (5.0, 0.5)
 def slow_for_everyone_runs(tmp_path_factory):
     """{after_s: (summary, report text)}: the two runs of SLOW_FOR_EVERYONE at once, each the CLI in its
     own process with its own mock; at a token a second each run is seconds of waiting, which overlap."""
-    base = tmp_path_factory.mktemp("slow-for-everyone")
-    procs = {}
-    try:
-        for after_s in SLOW_AFTER_S:
-            args = ["run", "healthy", "--no-live", "--fail-on", "never", "--out", str(base / f"{after_s:g}")]
-            for o in (*SLOW_FOR_EVERYONE, f"stall.after_s={after_s}"):
-                args += ["--set", o]
-            with open(base / f"{after_s:g}.stderr", "wb") as err:
-                procs[after_s] = subprocess.Popen([sys.executable, "-m", "agentload.cli", *args], cwd=REPO,
-                                                  stdout=subprocess.DEVNULL, stderr=err)
-        runs = {}
-        for after_s, proc in procs.items():
-            assert proc.wait(timeout=120) == 0, (base / f"{after_s:g}.stderr").read_text()[-3000:]
-            out = base / f"{after_s:g}"
-            runs[after_s] = (orjson.loads((out / "summary.json").read_bytes()), (out / "report.txt").read_text())
-        return runs
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    runs = {}
+    for after_s in SLOW_AFTER_S:
+        runs[after_s] = ["run", "healthy", "--no-live", "--fail-on", "never"]
+        for o in (*SLOW_FOR_EVERYONE, f"stall.after_s={after_s}"):
+            runs[after_s] += ["--set", o]
+    outs = run_cli_together(tmp_path_factory.mktemp("slow-for-everyone"), runs, timeout=120)
+    return {after_s: (orjson.loads((out / "summary.json").read_bytes()), (out / "report.txt").read_text())
+            for after_s, out in outs.items()}
 
 
 @pytest.mark.parametrize("after_s", SLOW_AFTER_S)
