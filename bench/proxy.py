@@ -23,6 +23,13 @@ Figures, measured in the same repetition:
 - the machine's load average around each repetition (the three processes share its cores with
   whatever else runs: a busy machine preempts the proxy mid-request, which shows in the p99).
 
+Where the processes run (`--cores`): by default (`own`, on a machine with 2+ CPUs and taskset) the
+server and the client share the first CPU and the proxy has the others to itself, as it would on
+any machine with a few cores to spare for it, so what its records show is the proxy's own time
+and not the bench's other two processes preempting it mid-request (on 2 CPUs shared three ways,
+an await-free stretch of 0.2 ms CPU took up to 20 ms of wall time: the added p99 measured the
+scheduler). `--cores shared` pins nothing, as before. The floors run where the proxy does.
+
 Last, the goals of issue 30 (added p50 <= 0.3 ms, p99 <= 2 ms, CPU <= 1.5x the client's), each
 judged on the median over the repetitions, one line each: met, or FAILED with the figures.
 
@@ -45,13 +52,24 @@ from urllib.parse import urlsplit
 import orjson
 
 from agentload.process import ChildProcess
-from bench.harness import REPO, TICK, bench_env, cpu_s, pct
+from bench.harness import REPO, TICK, bench_env, cpu_s, cpus, pct, pinned
 
 
-def _client(url: str, streams: int, rounds: int, out: Path) -> dict:
+def placement(cores: str) -> tuple[str | None, str | None]:
+    """(CPUs of the server and the client, CPUs of the proxy) for `--cores`: `own` gives the proxy (and
+    the floors measured in its place) the machine's CPUs but the first, which the server and the client
+    share, so nothing the bench runs preempts the proxy mid-request; `shared` (or a machine where
+    pinning is not possible) pins nothing and the three compete for every CPU."""
+    first, rest = cpus()
+    if cores == "shared" or first is None:
+        return None, None
+    return first, rest
+
+
+def _client(url: str, streams: int, rounds: int, out: Path, cpu: str | None = None) -> dict:
     res = out.with_suffix(".json")
-    subprocess.run([sys.executable, "-m", "bench.agentload_client", "--url", url, "--concurrency", str(streams),
-                    "--requests", str(rounds), "--out", str(out), "--result", str(res)],
+    subprocess.run(pinned([sys.executable, "-m", "bench.agentload_client", "--url", url, "--concurrency", str(streams),
+                           "--requests", str(rounds), "--out", str(out), "--result", str(res)], cpu),
                    check=True, cwd=REPO, env=bench_env(), timeout=600, stdout=subprocess.DEVNULL)
     return orjson.loads(res.read_bytes())
 
@@ -88,16 +106,18 @@ def _user_sys_s(pid: int) -> tuple[float, float]:
     return int(rest[11]) / TICK, int(rest[12]) / TICK
 
 
-def _relay_cpu_us(server_url: str, streams: int, rounds: int, out: Path, http: bool = False) -> float:
+def _relay_cpu_us(server_url: str, streams: int, rounds: int, out: Path, http: bool = False,
+                  cores: tuple[str | None, str | None] = (None, None)) -> float:
     """CPU per request of bench/relay.py (a TCP relay, or with `http` a plain aiohttp proxy) carrying
-    the client's run to the server."""
+    the client's run to the server (placed as the proxy is: `cores`)."""
     upstream = urlsplit(server_url).netloc
-    relay = ChildProcess.start([sys.executable, "-m", "bench.relay", "--upstream", upstream] + ["--http"] * http,
+    relay = ChildProcess.start(pinned([sys.executable, "-m", "bench.relay", "--upstream", upstream] + ["--http"] * http,
+                                      cores[1]),
                                name="bench relay", env=bench_env(), cwd=REPO)
     try:
         port = int(relay.wait_line("BENCH_RELAY_LISTENING", 30).split("port=", 1)[1].split()[0])
         cpu0 = cpu_s(relay.pid)
-        res = _client(f"http://127.0.0.1:{port}/v1", streams, rounds, out)
+        res = _client(f"http://127.0.0.1:{port}/v1", streams, rounds, out, cores[0])
         cpu1 = cpu_s(relay.pid)
     finally:
         relay.stop()
@@ -106,26 +126,28 @@ def _relay_cpu_us(server_url: str, streams: int, rounds: int, out: Path, http: b
     return (cpu1 - cpu0) / max(1, res["requests"]) * 1e6
 
 
-def one_rep(server_url: str, streams: int, rounds: int, tmp: Path, rep: int) -> dict:
+def one_rep(server_url: str, streams: int, rounds: int, tmp: Path, rep: int,
+            cores: tuple[str | None, str | None] = (None, None)) -> dict:
     load0 = os.getloadavg()[0]
-    direct = _client(server_url, streams, rounds, tmp / f"direct-{rep}")
+    direct = _client(server_url, streams, rounds, tmp / f"direct-{rep}", cores[0])
     proxy_dir = tmp / f"proxy-{rep}"
     cmd = [sys.executable, "-m", "agentload.cli", "proxy", "--upstream", server_url, "--port", "0",
            "--out", str(proxy_dir), "--no-live", "--fail-on", "never", "bench/bench.toml",
            "--set", f"client.limit={streams}"]
-    proxy = ChildProcess.start(cmd, name="agentload proxy", env=bench_env(), cwd=REPO, stderr=subprocess.STDOUT)
+    proxy = ChildProcess.start(pinned(cmd, cores[1]), name="agentload proxy", env=bench_env(), cwd=REPO,
+                               stderr=subprocess.STDOUT)
     try:
         line = proxy.wait_line("agentload proxy: listening on", 60)
         port = int(line.split("http://127.0.0.1:", 1)[1].split()[0])
         user0, sys0 = _user_sys_s(proxy.pid)
-        through = _client(f"http://127.0.0.1:{port}/v1", streams, rounds, tmp / f"through-{rep}")
+        through = _client(f"http://127.0.0.1:{port}/v1", streams, rounds, tmp / f"through-{rep}", cores[0])
         user1, sys1 = _user_sys_s(proxy.pid)
     finally:
         proxy.send_signal(signal.SIGINT)
         proxy.wait_exit(120)
         proxy.stop()
-    relay_us = _relay_cpu_us(server_url, streams, rounds, tmp / f"relay-{rep}")
-    http_us = _relay_cpu_us(server_url, streams, rounds, tmp / f"http-{rep}", http=True)
+    relay_us = _relay_cpu_us(server_url, streams, rounds, tmp / f"relay-{rep}", cores=cores)
+    http_us = _relay_cpu_us(server_url, streams, rounds, tmp / f"http-{rep}", http=True, cores=cores)
     recs = [r for r in _records(proxy_dir) if r["outcome"] == "ok" and "down_first_token" in r["t"]]
     ins = [(r["t"]["start"] - r["t"]["down_start"]) / 1e6 for r in recs]
     outs = [(r["t"]["down_first_token"] - r["t"]["first_token"]) / 1e6 for r in recs]
@@ -159,9 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttft-ms", type=float, default=20.0)
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--interval-ms", type=float, default=5.0)
+    ap.add_argument("--cores", choices=("own", "shared"), default="own",
+                    help="own: the proxy on CPUs of its own, the server and the client sharing the first "
+                         "(where taskset and 2+ CPUs allow); shared: nothing pinned, all three compete")
     a = ap.parse_args(argv)
-    server = ChildProcess.start([sys.executable, "-m", "bench.server", "--port", "0", "--ttft-ms", str(a.ttft_ms),
-                                 "--chunks", str(a.chunks), "--interval-ms", str(a.interval_ms)],
+    cores = placement(a.cores)
+    server = ChildProcess.start(pinned([sys.executable, "-m", "bench.server", "--port", "0", "--ttft-ms",
+                                        str(a.ttft_ms), "--chunks", str(a.chunks), "--interval-ms",
+                                        str(a.interval_ms)], cores[0]),
                                 name="bench server", env=bench_env(), cwd=REPO)
     rows = []
     try:
@@ -170,13 +197,19 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="agentload-bench-proxy-") as tmp:
             for rep in range(a.reps):
                 t0 = time.monotonic()
-                rows.append(r := one_rep(url, a.streams, a.rounds, Path(tmp), rep))
+                rows.append(r := one_rep(url, a.streams, a.rounds, Path(tmp), rep, cores))
                 print(f"rep {rep + 1}/{a.reps} ({time.monotonic() - t0:.0f} s): {r['requests']} requests proxied",
                       file=sys.stderr, flush=True)
     finally:
         server.stop()
     print(f"agentload proxy at {a.streams} streams x {a.rounds} rounds (bench server: ttft {a.ttft_ms:g} ms, "
           f"{a.chunks} chunks {a.interval_ms:g} ms apart)")
+    if cores[0] is None:
+        print(f"cores: nothing pinned: the server, the client and the proxy share the machine's {os.cpu_count()} "
+              f"CPUs (a proxy preempted mid-request by the other two shows in its p99)")
+    else:
+        print(f"cores: the server and the client on CPU {cores[0]}, the proxy (and each floor in its place) on "
+              f"CPU {cores[1]} (--cores shared: nothing pinned)")
     print("rep  added p50 ms  added p99 ms  ttft direct p50/p99 ms  ttft through p50/p99 ms  proxy CPU us/req  "
           "client CPU us/req  ratio")
     for i, r in enumerate(rows, 1):

@@ -52,6 +52,15 @@ def test_bench_proxy_measures_what_the_proxy_adds():
     assert "rep 1/1" in p.stderr and "12 requests proxied" in p.stderr
     lines = p.stdout.strip().splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("rep  added p50 ms"))
+    # where the three processes ran: by default the proxy on CPUs of its own, where the machine allows it
+    from bench.proxy import placement
+
+    shared, own = placement("own")
+    if shared is None:
+        assert lines[at - 1].startswith("cores: nothing pinned: ")
+    else:
+        assert lines[at - 1] == (f"cores: the server and the client on CPU {shared}, the proxy (and each floor in "
+                                 f"its place) on CPU {own} (--cores shared: nothing pinned)")
     row = lines[at + 1].split()
     added_p50, added_p99, proxy_cpu, client_cpu, ratio = (float(row[i]) for i in (1, 2, -3, -2, -1))
     assert 0 <= added_p50 <= added_p99 and proxy_cpu > 0 and client_cpu > 0
