@@ -149,6 +149,30 @@ def test_a_harness_that_stops_after_round_2_is_client_stopped(mock, tmp_path):
     assert "interrupted (SIGINT) (how a proxy ends)" in html and "class='banner'" not in html
 
 
+def test_a_whole_answer_through_the_proxy_is_timed_on_both_legs(mock, tmp_path):
+    """A harness that asks for no stream gets the answer whole; its record has the first token on both legs
+    (read upstream, then written on with the answer) and is ok."""
+    out = tmp_path / "run"
+    child, port = start_proxy(mock.url, out)
+    try:
+        async def one():
+            client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=30)
+            try:
+                return await client.chat.completions.create(
+                    model="mock-model", messages=[{"role": "user", "content": "hello"}], stream=False)
+            finally:
+                await client.close()
+        answer = asyncio.run(one())
+    finally:
+        code, text = stop_proxy(child)
+    assert answer.choices[0].message.content or answer.choices[0].message.tool_calls
+    recs = [r for r in records(out) if r["kind"] == "agent"]
+    assert len(recs) == 1 and recs[0]["outcome"] == "ok", recs
+    t = recs[0]["t"]
+    assert t["first_token"] <= t["down_first_token"] <= t["down_end"], t  # (its `end`: when it was read whole)
+    assert code == 0, text
+
+
 def test_a_server_that_hangs_above_n_tokens_is_a_server_stall_in_ttfb(tmp_path):
     m = MockProcess.start(MockConfig(tool_call_rounds=0, output_tokens=8, decode_tokens_per_s=2000,
                                      hang_above_tokens=400))

@@ -108,3 +108,47 @@ def test_interleaved_conversations_are_recovered(rounds_per_conv, seed):
         convs[i] += [{"role": "assistant", "content": None, "tool_calls": [{"id": f"c{done[i]}"}]},
                      {"role": "tool", "tool_call_id": f"c{done[i]}", "content": "r" * rng.randint(0, 5)}]
     assert len(set(naming.values())) == len(convs)
+
+
+class _Tap:
+    """A tap that notes what it was told, in order (`fail`: its write raises, as for a harness that left)."""
+
+    def __init__(self, fail: bool = False):
+        self.calls: list[str] = []
+        self.fail = fail
+
+    def write(self, block: bytes) -> None:
+        self.calls.append(f"write {block.decode()}")
+        if self.fail:
+            raise ConnectionResetError("the harness closed its connection")
+
+    def wrote_first_token(self) -> None:
+        self.calls.append("first token")
+
+
+def test_each_read_goes_on_to_the_harness_before_agentload_reads_it():
+    """The proxy's tee (`request._tee`): the write first, so reading a block never delays it; the tap is told
+    after the read that carried the first token, once; a write that fails still has its read counted."""
+    import pytest
+
+    from agentload.run.request import _tee
+
+    t: dict[str, int] = {}
+    tap = _Tap()
+
+    def feed(data: bytes, now: int = 0) -> None:
+        tap.calls.append(f"read {data.decode()}")
+        if data == b"token":
+            t.setdefault("first_token", now)
+
+    both = _tee(feed, tap, t)  # type: ignore[arg-type]
+    for block in (b"role", b"token", b"token"):
+        both(block, 1)
+    assert tap.calls == ["write role", "read role", "write token", "read token", "first token",
+                         "write token", "read token"]
+    t.clear()
+    gone = _Tap(fail=True)
+    both = _tee(lambda data, now=0: (gone.calls.append("read"), t.setdefault("first_token", now)), gone, t)  # type: ignore[arg-type]
+    with pytest.raises(ConnectionResetError):
+        both(b"token", 5)
+    assert gone.calls == ["write token", "read"] and t == {"first_token": 5}

@@ -128,10 +128,13 @@ class DownstreamTap:
                 raise
             else:  # the block is with the transport; the write waits for its buffer to drain
                 self._hold(step, waiting)
+        self.trace.t["down_end"] = _now()  # (the last block's: the record is written when the upstream body ends)
+
+    def wrote_first_token(self) -> None:
+        """The block just written on carried the answer's first token (the reader read it after the write)."""
         t = self.trace.t
-        t["down_end"] = now = _now()  # (the last block's: the record is written when the upstream body ends)
-        if "first_token" in t and "down_first_token" not in t:
-            t["down_first_token"] = now
+        if "down_end" in t and "down_first_token" not in t:
+            t["down_first_token"] = t["down_end"]
 
     def _hold(self, step: Any, waiting: Any) -> None:
         """Backpressure: the upstream's reading paused until `step` (the write) has finished."""

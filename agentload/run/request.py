@@ -102,12 +102,16 @@ def _decode_refused(e: aiohttp.ClientResponseError) -> Result | None:
 class Tap(Protocol):
     """Where a response goes on as it arrives (`send`'s `tap`): its head, then each block of its
     body as read, `write` being called right where the block arrives (on the parser's hook, before
-    any other task runs: it must not wait; under backpressure it holds the upstream's reading),
-    and `flush` once the body has ended (what a held write still owes)."""
+    any other task runs, and before agentload reads the block: it must not wait; under backpressure
+    it holds the upstream's reading), `wrote_first_token` after the write of the block that turned
+    out to carry the answer's first token, and `flush` once the body has ended (what a held write
+    still owes)."""
 
     async def head(self, resp: aiohttp.ClientResponse) -> None: ...
 
     def write(self, block: bytes) -> None: ...
+
+    def wrote_first_token(self) -> None: ...
 
     async def flush(self) -> None: ...
 
@@ -294,6 +298,8 @@ async def _whole_answer(resp: aiohttp.ClientResponse, body: "bytes | Conversatio
         trace.last_token = now
         trace.server_first_token_ns = server_stamp(raw)
         trace.first_output = cs.first_kind
+        if tap is not None:  # (written on whole, above: the harness's first token came with it)
+            tap.wrote_first_token()
     return whole_verdict(cs, status, ctype, raw)
 
 
@@ -339,7 +345,7 @@ async def _read_body(resp: aiohttp.ClientResponse, reader: SSEBody, tap: "Tap | 
     if tap is None:
         reader.watch(content, conn, done_grace_s)
     else:  # (the harness reads the body as the server ends it: no grace past [DONE] here)
-        feed = _tee(feed, tap.write)
+        feed = _tee(feed, tap, reader.trace.t)
     if not await read_body(content, feed, conn.protocol if conn is not None else None, reader.last_byte_ns):
         while True:  # the general path: any StreamReader, one task wake-up per read
             data = await content.readany()
@@ -350,11 +356,20 @@ async def _read_body(resp: aiohttp.ClientResponse, reader: SSEBody, tap: "Tap | 
         await tap.flush()
 
 
-def _tee(feed: Callable[[bytes, int], None], write: Callable[[bytes], None]) -> Callable[[bytes, int], None]:
-    """A read to the reader (its stamps first: the tap's first-token stamp reads them), then to the tap."""
+def _tee(feed: Callable[[bytes, int], None], tap: "Tap", t: dict[str, int]) -> Callable[[bytes, int], None]:
+    """A read on to the tap first, so that reading it never delays it, then to the reader (also when
+    the write failed: what was read is counted); then, if the read carried the first token, the tap
+    is told."""
+    write = tap.write
+
     def both(data: bytes, now: int = 0) -> None:
-        feed(data, now)
-        write(data)
+        try:
+            write(data)
+        finally:
+            had = "first_token" in t
+            feed(data, now)
+        if not had and "first_token" in t:
+            tap.wrote_first_token()
     return both
 
 
