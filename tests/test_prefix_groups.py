@@ -114,3 +114,29 @@ def test_a_run_with_groups_reports_each_groups_cache_hit_rate_and_sends_trace_an
     # the mock logged each request's trace context as it arrived: every record joins its line by it
     logged = {orjson.loads(x)["traceparent"] for x in log.read_bytes().splitlines()}
     assert {r["traceparent"] for r in agents} <= logged
+
+
+def test_the_trace_id_is_the_conversations_hash_whether_cached_or_not(monkeypatch):
+    """Each conversation's trace id is hashed once and kept (a bounded cache, cleared when full): every
+    request's traceparent is still the W3C id derived from (run, agent, conversation), its span id from
+    the request id sent, also once the cache has let a conversation go."""
+    from hashlib import blake2b
+
+    import agentload.run.agent as agent_mod
+    from agentload.records import Trace
+    from agentload.run.request import sent_request_id
+
+    monkeypatch.setattr(agent_mod, "_TRACE_IDS_MAX", 5)
+    monkeypatch.setattr(agent_mod, "_TRACE_IDS", {})
+    for run in ("run-1", "run-2"):
+        for rnd in (1, 2, 3):
+            for agent in range(4):
+                for conv in (0, 1):
+                    rid = f"{run}-a{agent}-k{conv}-r{rnd}-c0"
+                    tr = Trace("agent", agent, rnd, 0, rid, 2, 10, 5, conversation=conv)
+                    tr.id_sent = sent_request_id(rid) if agent % 2 else None
+                    tid = blake2b(f"{run}-a{agent}-k{conv}".encode(), digest_size=16).hexdigest()
+                    sid = (tr.id_sent.replace("-", "")[:16] if tr.id_sent
+                           else blake2b(rid.encode(), digest_size=8).hexdigest())
+                    assert agent_mod.traceparent(run, tr) == f"00-{tid}-{sid}-01"
+                    assert len(agent_mod._TRACE_IDS) <= 5

@@ -134,10 +134,22 @@ def _context_headers(ctx: "RunContext", trace: Trace, headers: dict[str, str] | 
 def traceparent(run_id: str, trace: Trace) -> str:
     """W3C trace context: version 00, a trace id per conversation (run, agent, conversation), a span id
     per request (from the request id sent, else the readable one), sampled."""
-    tid = _blake(f"{run_id}-a{trace.agent}-k{trace.conversation}".encode(), digest_size=16).hexdigest()
+    key = (run_id, trace.agent, trace.conversation)
+    tid = _TRACE_IDS.get(key)
+    if tid is None:  # a conversation's first request (or one the bounded cache let go)
+        if len(_TRACE_IDS) >= _TRACE_IDS_MAX:
+            _TRACE_IDS.clear()
+        tid = _TRACE_IDS[key] = _blake(f"{run_id}-a{trace.agent}-k{trace.conversation}".encode(),
+                                       digest_size=16).hexdigest()
     sid = trace.id_sent.replace("-", "")[:16] if trace.id_sent and len(trace.id_sent) >= 32 else \
         _blake(trace.request_id.encode(), digest_size=8).hexdigest()
     return f"00-{tid}-{sid}-01"
+
+
+# Each conversation's trace id, hashed once (its rounds' requests share it), the last few thousand
+# conversations' (10,000 agents in turn: they are hashed again, nothing else lost).
+_TRACE_IDS: dict[tuple[str, int, int], str] = {}
+_TRACE_IDS_MAX = 4096
 
 
 def _client_gone(trace: Trace) -> Result:
