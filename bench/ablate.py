@@ -190,11 +190,11 @@ def _convbuf(p: Patch) -> None:
     message_tokens = p.get("agentload.tokens:message_tokens")
     parts: dict[int, list] = {}
 
-    def append(self, message):
+    def append(self, message, tokens=None):
         lst = parts.setdefault(id(self), [])
         lst.append((message, orjson.dumps(message)))
         self.n_messages += 1
-        self.tokens += message_tokens(message)
+        self.tokens += message_tokens(message) if tokens is None else tokens
 
     def body(self):
         head = bytes(memoryview(self._body)[:self._head_len])  # everything before the messages

@@ -126,3 +126,21 @@ def test_same_seed_same_bytes():
     assert a != _play(Conversation(cfg, "m", agent_rng(6, 3), 3))
     # a random.Random (the runner's canaries) seeds a Generator: still deterministic
     assert _play(Conversation(cfg, "m", random.Random(9), -1)) == _play(Conversation(cfg, "m", random.Random(9), -1))
+
+
+def test_the_token_count_kept_by_the_scripted_rounds_is_the_whole_conversations():
+    """The user turns a scripted agent adds are counted from the tokens drawn (not counted again from
+    their text): the count must still be what the mock counts over the body, round after round."""
+    for user in (const(7), Dist(kind="uniform", min=1, max=90)):
+        cfg = ConversationConfig(tools=2, system_tokens=const(30), user_tokens=user,
+                                 tool_calls_per_round=Dist(kind="uniform", min=1, max=2))
+        conv = Conversation(cfg, "m", agent_rng(3, 1), 1)
+        for rnd in range(1, 9):
+            assistant = conv.scripted_assistant(rnd)
+            conv.append(assistant)
+            for m in conv.tool_results(assistant):
+                conv.append(m)
+            conv.next_user_turn()
+            body = orjson.loads(conv.body())
+            assert body["messages"][-1]["role"] == "user"
+            assert conv.tokens == prompt_tokens(body["messages"], body.get("tools")), rnd

@@ -30,7 +30,7 @@ from agentload.run import apis
 from agentload.run.apis import chat as _chat
 from agentload.run.apis.reader import assistant_turn
 from agentload.run.scenario import ConversationConfig
-from agentload.tokens import _WORDS, message_tokens, text_tokens
+from agentload.tokens import _WORDS, TOKENS_PER_MESSAGE, message_tokens, text_tokens
 
 # The synthetic-text words with their trailing space: 4 bytes each, so one uint32 per word.
 _WORD_CELLS = np.frombuffer("".join(w + " " for w in _WORDS).encode("ascii"), dtype=np.uint32)
@@ -48,15 +48,15 @@ def agent_rng(seed: int, agent: int) -> np.random.Generator:
 # results) are drawn word by word, so that two agents never share a long prefix by chance.
 _SHORT_MAX = 64
 _TABLE_WORDS = 1 << 18  # 1 MB of words
-_table: bytes | None = None
+_table: str | None = None  # (a str: a window of it is the text, no bytes decoded per text)
 
 
-def _word_table() -> bytes:
+def _word_table() -> str:
     global _table
     if _table is None:
         u = np.random.default_rng(0x5EED_7E47).random(_TABLE_WORDS)
         u *= _N_WORDS
-        _table = _WORD_CELLS[u.astype(np.intp)].tobytes()
+        _table = _WORD_CELLS[u.astype(np.intp)].tobytes().decode("ascii")
     return _table
 
 
@@ -68,7 +68,7 @@ def synthetic_text(rng: np.random.Generator, tokens: int) -> str:
         return ""
     if tokens <= _SHORT_MAX:
         at = int(rng.random() * (_TABLE_WORDS - tokens + 1)) * 4
-        return (_table or _word_table())[at:at + 4 * tokens - 1].decode("ascii")
+        return (_table or _word_table())[at:at + 4 * tokens - 1]
     # floor(u * 420) of a 53-bit u: uniform over the words to 1e-13
     u = rng.random(tokens)
     u *= _N_WORDS  # in place: one array fewer
@@ -225,10 +225,11 @@ class Conversation:
             sys_text = shared + " " + sys_text if sys_text else shared
         return sys_text, [synthetic_text(rng, max(1, self.cfg.user_tokens.sample_int(rng)))]
 
-    def append(self, message: dict[str, Any]) -> None:
+    def append(self, message: dict[str, Any], tokens: int | None = None) -> None:
+        """Add a message (`tokens`: its `message_tokens`, when the caller knows them already)."""
         self._pending.append(orjson.dumps(message) if self._enc is None else message)
         self.n_messages += 1
-        self.tokens += message_tokens(message)
+        self.tokens += message_tokens(message) if tokens is None else tokens
 
     def chain(self, response_id: str | None) -> None:
         """`[conversation] responses_chain`: the server keeps the context up to and including the
@@ -316,4 +317,5 @@ class Conversation:
         n = self._user_tokens
         if n is None:
             n = max(1, self.cfg.user_tokens.sample_int(self.rng))
-        self.append({"role": "user", "content": synthetic_text(self.rng, n)})
+        # n synthetic tokens are n tokens by tokens.py's rule (4n-1 bytes): not counted again
+        self.append({"role": "user", "content": synthetic_text(self.rng, n)}, TOKENS_PER_MESSAGE + n)

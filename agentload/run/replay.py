@@ -349,7 +349,7 @@ class VerbatimConversation(ReplayConversation):
         self.tokens = prompt_tokens([m for m in msgs if isinstance(m, dict)],
                                     d.get("tools") if isinstance(d.get("tools"), list) else None)
 
-    def append(self, message: dict[str, Any]) -> None:
+    def append(self, message: dict[str, Any], tokens: int | None = None) -> None:
         pass  # the next round's body is the captured one
 
     def body(self) -> bytes:
