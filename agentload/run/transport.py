@@ -31,7 +31,6 @@ import inspect
 import ssl
 import sys
 import time
-import weakref
 from collections import deque
 from contextvars import ContextVar
 from typing import Any, Callable
@@ -233,6 +232,9 @@ class PoolGate:
         self.room += 1
 
 
+_RELEASED = "_agentload_released_ns"  # the attribute of a pooled connection's protocol: when it was released
+
+
 class _TracedConnector(aiohttp.TCPConnector):
     """aiohttp's TCP connector, stamping the current request's Trace (see the module docstring).
     `on_open(trace)`: a connection was opened for that request. `queue`: where the bodies of the
@@ -248,20 +250,18 @@ class _TracedConnector(aiohttp.TCPConnector):
         tr = current_trace.get()
         if tr is not None and tr.reused is None:  # not a new connection: one from the pool
             tr.reused = True
-            idle = self._idle_since.get(conn.protocol) if self._idle_since is not None else None
+            idle = getattr(conn.protocol, _RELEASED, None)
             if idle is not None:
                 tr.idle_ns = _now() - idle
         return conn
 
-    _idle_since: "weakref.WeakKeyDictionary[Any, int] | None" = None
-
     def _release(self, key: Any, protocol: Any, *args: Any, **kwargs: Any) -> None:
-        # the moment a connection goes back to the pool: a reuse's idle time counts from here
-        if self._idle_since is None:
-            self._idle_since = weakref.WeakKeyDictionary()
+        # the moment a connection goes back to the pool: a reuse's idle time counts from here, kept on
+        # the protocol itself (a weak map of protocols cost a weak reference made per release and per
+        # reuse)
         try:
-            self._idle_since[protocol] = _now()
-        except TypeError:  # (a protocol that cannot be weakly referenced: no idle time, nothing else lost)
+            setattr(protocol, _RELEASED, _now())
+        except AttributeError:  # (a protocol without room for it: no idle time, nothing else lost)
             pass
         super()._release(key, protocol, *args, **kwargs)
 
