@@ -205,3 +205,33 @@ async def test_a_failed_connect_is_aiohttps_error():
     finally:
         await tr.close()
     assert "conn_start" in trace.t and "sent" not in trace.t and trace.phase() == "connect"
+
+
+async def test_the_total_timeout_ends_a_request_waiting_for_its_head_on_both_paths(monkeypatch):
+    """The `total` timeout counts from the request's start on the direct path too: a server that never
+    sends the head ends the request as `total_timeout` (not a read timeout, not a hang), on the direct
+    path and through session.post alike, and the connection is not handed back to the pool."""
+    from agentload.run import direct, transport
+
+    async def silent(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(5)  # (a client that waited this long answered 500: the test fails)
+        raise AssertionError("the client waited past its total timeout")
+
+    results = []
+    for missing in (None, ["ResponseHandler.read()"]):
+        monkeypatch.setattr(direct, "_missing", missing)
+        monkeypatch.setattr(transport, "_warned", set())
+        with FakeServer(silent) as srv:
+            tr = Transport(ClientConfig(read_timeout_s=20, total_timeout_s=0.4), TargetConfig(), srv.url)
+            try:
+                assert tr.direct == (missing is None)
+                rid = f"t-total-{missing is None}"
+                trace = Trace("agent", 0, 1, 0, rid, 1, len(BODY), 10)
+                with pytest.raises(asyncio.TimeoutError) as e:  # (`attempt` names it, as here)
+                    await rq.send(tr.session_for(0), tr.url, BODY, trace)
+                pool = tr.session_for(0).connector
+            finally:
+                await tr.close()
+        results.append((rq.classify_exception(e.value)[0], "sent" in trace.t, "first_byte" in trace.t))
+        assert not getattr(pool, "_conns", {}), "a connection that got no answer went back to the pool"
+    assert results == [("total_timeout", True, False)] * 2, results

@@ -8,8 +8,8 @@ exchange on the same connector, protocol and parser:
 
 - aiohttp's: the connector (the pool, its limits, keep-alive, pool and connect timeouts, TLS, and
   the traced connector's stamps), the connection's protocol and C parser, the body's StreamReader
-  (so `body_sink`), the exception classes, the `total` timeout (aiohttp's TimeoutHandle and
-  TimerContext, which the body's reads also run under) and the `sock_read` timer.
+  (so `body_sink`), the exception classes, the `total` timeout (aiohttp's TimerContext, which the
+  body's reads also run under, armed as its TimeoutHandle arms it) and the `sock_read` timer.
 - agentload's: the request head, serialised from the session's headers once per pool (only the
   request id and Content-Length change per request), written with the body in one transport
   write; `sent` stamped once the write is handed to the transport (after a drain, if the
@@ -27,13 +27,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+from math import ceil
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import http_exceptions
 from aiohttp.client_exceptions import ClientConnectionResetError
 from aiohttp.client_reqrep import ClientRequest
-from aiohttp.helpers import TimeoutHandle
+from aiohttp.helpers import TimerContext, TimerNoop
 from yarl import URL
 
 if TYPE_CHECKING:
@@ -130,9 +131,18 @@ class _Exchange:
     async def __aenter__(self) -> _Response:
         p = self.post
         tm = self.timeout
-        th = TimeoutHandle(p.loop, tm.total, ceil_threshold=tm.ceil_threshold)
-        self.handle = th.start()
-        timer = th.timer()
+        total = tm.total
+        timer: Any
+        if total is not None and total > 0:
+            # the `total` timeout armed as aiohttp's TimeoutHandle arms it (start() and timer()), its
+            # one callback called directly: the handle's own object, list and call per request saved
+            timer = TimerContext(p.loop)
+            when = p.loop.time() + total
+            if total >= tm.ceil_threshold:
+                when = ceil(when)
+            self.handle = p.loop.call_at(when, timer.timeout)
+        else:
+            timer = TimerNoop()
         try:
             with timer:  # the `total` timeout: cancels this task, raised here as asyncio.TimeoutError
                 try:
@@ -236,7 +246,7 @@ def missing_hooks() -> list[str]:
                 missing.append(f"ResponseHandler.{name}()")
         if not isinstance(getattr(ResponseHandler, "writing_paused", None), property):
             missing.append("ResponseHandler.writing_paused")
-        for cls, names in ((TimeoutHandle, ("start", "timer")), (aiohttp.StreamReader, ("on_eof",))):
+        for cls, names in ((TimerContext, ("timeout", "__enter__", "__exit__")), (aiohttp.StreamReader, ("on_eof",))):
             missing += [f"{cls.__name__}.{n}()" for n in names if not callable(getattr(cls, n, None))]
         if not hasattr(URL, "host_port_subcomponent"):
             missing.append("yarl.URL.host_port_subcomponent")
