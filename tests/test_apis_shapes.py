@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from agentload.records import Trace
 from agentload.run.apis.messages import MessagesStream
-from agentload.run.apis.reader import BAD_JSON, DONE, TOKEN
+from agentload.run.apis.reader import BAD_JSON, DONE, TOKEN, whole_read
 from agentload.run.apis.responses import ResponsesStream
+from agentload.run.chat_stream import ChatStream
 from agentload.run.sse import DATA, ERROR_EVENT, SSEDecoder
 from agentload.run.sse_body import SSEBody
 
@@ -364,3 +365,139 @@ def test_a_read_of_named_events_is_taken_up_to_the_first_that_is_not_one_event()
     assert _state(got) == _state(want)
     assert got.bad_json == 2 and got.content == "".join(f" w{i}" for i in range(6)) and got.done
     assert got._event_shape is not None and reader.dec is not None  # both paths were taken
+
+
+# ----------------------------------------------------------------------------- a read of one whole event
+
+def _chat(delta: dict, finish=None) -> bytes:
+    return ev({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+               "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
+
+
+def _named(payload: bytes) -> bytes:
+    return b"event: " + orjson.loads(payload)["type"].encode() + b"\ndata: " + payload + b"\n\n"
+
+
+# each API's paced stream, one event a read: its reader, its first event, a text read, a tool call
+# (index 1) opened, a read of its arguments, its end
+_PACED = {
+    "messages": (MessagesStream, _named(_START["messages"]), lambda t: _named(messages_event("text", t, 0)),
+                 _named(messages_event("tool", "", 1)), lambda t: _named(messages_event("args", t, 1)),
+                 _named(messages_event("end", "", 0))),
+    "responses": (ResponsesStream, _named(_START["responses"]), lambda t: _named(responses_event("text", t, 0)),
+                  _named(responses_event("tool", "", 1)), lambda t: _named(responses_event("args", t, 1)),
+                  _named(responses_event("end", "", 0))),
+    "chat": (ChatStream, b"data: " + _chat({"role": "assistant", "content": ""}) + b"\n\n",
+             lambda t: b"data: " + _chat({"content": t}) + b"\n\n",
+             b"data: " + _chat({"tool_calls": [{"index": 1, "id": "c1", "type": "function",
+                                                "function": {"name": "f", "arguments": ""}}]}) + b"\n\n",
+             lambda t: b"data: " + _chat({"tool_calls": [{"index": 1, "function": {"arguments": t}}]}) + b"\n\n",
+             b"data: [DONE]\n\n"),
+}
+
+# what a read that starts and ends as the learnt shape's may hold and not be one event carrying one
+# non-empty JSON string: a quote, an escape, another key, line breaks (also a second event, an
+# `event: error`), a CR, bytes that are not UTF-8 or a control character, an empty string
+_NOT_ONE_EVENT = [b'x"y', b'x\\', b'x","y":"z', b"", b"a\nb", b"a\rb", b"a\r\nb", b"\xff", b'a"}}\n\n', b"a\n\nb", b"\x01", b'a\n\nevent: error\ndata: {"type":"error"}\n\nb', b'a"\n\ndata: "b', b"a\tb"]
+
+
+def _around(read: bytes, text: bytes) -> tuple[bytes, bytes]:
+    """The bytes of a one-event read before and after its text."""
+    at = read.rindex(text)
+    return read[:at], read[at + len(text):]
+
+
+@pytest.mark.parametrize("api", ["messages", "responses", "chat"])
+def test_a_read_of_one_event_of_the_learnt_shape_is_taken_whole_and_nothing_else_is(api, monkeypatch):
+    """A paced stream's token read (one event, the learnt shape around one JSON string) is taken by
+    `take_read`, without the event split or a parse; a read that starts and ends as that shape but is
+    anything else is not taken there (the reader is left as it was), nor one after the answer's end;
+    the read loop's answer over them all is the SSE decoder's with every event parsed."""
+    cls, start, text, tool, args, end = _PACED[api]
+    head, tail = _around(text("ZZ"), b"ZZ")
+    trace, cs = _read(cls, b"", [start, text("a")])
+    assert cs._read[:2] == (head, tail)
+    before = _state(cs)
+    for mid in _NOT_ONE_EVENT:
+        assert cs.take_read(head + mid + tail) == -1, mid
+        assert _state(cs) == before, mid
+    # ... nor one that is not the shape's before or after the string (a byte other than the shape's)
+    for read in (b" " + head + b"c" + tail, head + b"c" + tail + b"\n", head + b"c" + tail[:1] + b"]" + tail[2:],
+                 head[:-3] + b"X" + head[-2:] + b"c" + tail, b"X" + head[1:] + b"c" + tail):
+        assert cs.take_read(read) == -1 and _state(cs) == before, read
+    assert cs.take_read(head + b'\\u00e9 \\"q\\"' + tail) == TOKEN and cs.content.endswith('é "q"')
+    assert cs.take_read(head + b'\\"' + tail) == TOKEN and cs.content.endswith('é "q""')  # (the tail's quote ends it)
+    assert cs.chunks == before["chunks"] + 2 and cs.token_chunks == before["token_chunks"] + 2
+    # the same through the read loop, a read each (a paced stream), against the decoder alone: text
+    # around the reads above, then a tool call's arguments (each stream learns its shapes anew)
+    good = [text(t) for t in ("b", "c", "d", "e")]
+    texts = [start, text("a"), *good[:2], *(head + mid + tail for mid in _NOT_ONE_EVENT), *good[2:], end, text("late")]
+    calls = [start, tool, args('{"a"'), args(":"), args(" 1}"), end, args("late")]
+    taken: list[bytes] = []
+    take = cls.take_read
+
+    def spy(self, data: bytes) -> int:
+        flags = take(self, data)
+        if flags >= 0:
+            taken.append(data)
+        return flags
+
+    monkeypatch.setattr(cls, "take_read", spy)
+    for reads in (texts, calls):
+        if cls is not ChatStream:
+            monkeypatch.setattr(cls, "_text_shapes", None)
+        del taken[:]
+        trace, got = _read(cls, b"", reads)
+        want, _ = _decoded(cls, b"".join(reads))
+        assert _state(got) == _state(want)
+        assert trace.token_chunks == want.token_chunks and trace.bad_events == want.bad_json
+        assert trace.token_reads == sum(1 for i in range(len(reads)) if _decoded(cls, b"".join(reads[:i + 1]))[
+            0].token_chunks > _decoded(cls, b"".join(reads[:i]))[0].token_chunks)
+        if reads is texts:  # (a text of another key after it teaches a shape of its own: not all are taken)
+            assert taken[:2] == good[:2] and set(taken) <= set(good)
+        else:
+            assert taken == [args(":"), args(" 1}")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), api=st.sampled_from(["messages", "responses", "chat"]))
+def test_paced_reads_around_the_learnt_shape_read_as_the_decoder_reads_them(data, api):
+    """Reads that start and end as a paced stream's learnt shape, whatever bytes are between (a
+    token's text, or anything that would break the event: quotes, escapes, line breaks, CRs, other
+    events, bytes that are not UTF-8), and whole events of any kind between them: the read loop's
+    answer, counts and token reads are the SSE decoder's with every event parsed."""
+    cls, start, text, tool, args, end = _PACED[api]
+    head, tail = _around(text("ZZ"), b"ZZ")
+    bits = st.sampled_from([b"a", b"\xc3\xa9", b'"', b"\\", b'\\"', b"\\u00e9", b"\\n", b"\n", b"\r", b"\n\n",
+                            b"\t", b"\xff", b'","x":"', b"data: ", b"\n\nevent: error\ndata: {}\n\n", tail, head])
+    others = st.sampled_from([text("x"), text(""), tool, args('{"b"'), args("1"), end, b": ping\n\n",
+                              b"event: error\ndata: {}\n\n"])
+    # the shape's head and tail, or one of them a byte off (another byte, or one more or less)
+    heads = st.sampled_from([head] * 6 + [head[:-3] + b"X" + head[-2:], head[:-1] + b"'", head + b"'", head[1:]])
+    tails = st.sampled_from([tail] * 6 + [tail[:1] + b"]" + tail[2:], tail[:-3] + tail[-2:], tail + b"x\n\n",
+                                          tail[:-2] + b" \n\n"])
+    reads = [start, text("a")]
+    for _ in range(data.draw(st.integers(1, 12))):
+        if data.draw(st.integers(0, 3)):
+            reads.append(data.draw(heads) + b"".join(data.draw(st.lists(bits, max_size=4))) + data.draw(tails))
+        else:
+            reads.append(data.draw(others))
+    trace, got = _read(cls, b"", reads)
+    want, comments = _decoded(cls, b"".join(reads))
+    assert _state(got) == _state(want)
+    assert trace.token_chunks == want.token_chunks and trace.bad_events == want.bad_json
+    assert trace.comments == comments
+
+
+def test_a_read_shape_is_one_event_of_one_data_line_or_none():
+    """`whole_read` gives a read shape only where the shape's bytes hold the event's line breaks
+    and no other: a chunk learnt from the decoder whose payload spans lines, a CR, another field, an
+    `event: error` or a head and tail without the string's quotes give none (their reads go the
+    usual way)."""
+    assert whole_read(b'data: {"c":"', b'"}\n\n', None) == (b'data: {"c":"', b'"}\n\n', 6, None)
+    assert whole_read(b'event: x\ndata: {"c":"', b'"}\n\n', 2) == (b'event: x\ndata: {"c":"', b'"}\n\n', 15, 2)
+    for head, tail in [(b'data: {\n"c":"', b'"}\n\n'), (b'data: {"c":"', b'"\n}\n\n'), (b'data: {"c":"', b'"}\r\n\r\n'),
+                       (b'event: x\r\ndata: {"c":"', b'"}\n\n'), (b'event: x\nid: 1\ndata: {"c":"', b'"}\n\n'),
+                       (b'event: error\ndata: {"c":"', b'"}\n\n'), (b'data:{"c":"', b'"}\n\n'), (b'id: 1\ndata: {"c":"', b'"}\n\n'),
+                       (b'data: {"c":', b'"}\n\n'), (b'data: {"c":"', b'}\n\n'), (b'data: {"c":"', b'"}\n')]:
+        assert whole_read(head, tail, None) is None, (head, tail)

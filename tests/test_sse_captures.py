@@ -5,7 +5,7 @@ the `api` its table names: messages, responses) (the bytes
 after HTTP's chunked framing, as a server sent them), with one table in
 tests/data/sse/captures.toml saying where it came from and what agentload must find in it. Each
 is fed to the read loop's per-read work (`sse_body.SSEBody`: the SSE decoder, the API's reader, the
-token stamps) in random splits, from one read down to a byte a read, then judged the way a
+token stamps) in random splits, from one read down to a byte a read (and an event a read), then judged the way a
 finished stream is (`answer.stream_verdict`): every split must give the same result, and that
 result must be the one written down.
 
@@ -84,6 +84,17 @@ def splits(data: bytes, seed: int) -> list[bytes]:
     return out
 
 
+def event_a_read(data: bytes) -> list[bytes]:
+    """A read for each event, as a paced server's reads carry them (a token event a read)."""
+    out, i = [], 0
+    while i < len(data):
+        j = data.find(b"\n\n", i)
+        j = len(data) if j < 0 else j + 2
+        out.append(data[i:j])
+        i = j
+    return out
+
+
 def as_toml(name: str, found: dict) -> str:
     """The captures.toml table for what agentload found (to check by eye before pasting)."""
     q = json.dumps  # a JSON string is a TOML basic string
@@ -123,5 +134,6 @@ def test_capture_replays_to_its_expectations_in_any_split(name):
     assert got == {k: exp[k] for k in KEYS}, f"{name}: agentload now finds\n{as_toml(name, first)}"
     if exp.get("message"):
         assert first["message"] == exp["message"], first["message"]
-    for pieces in ([data[i:i + 1] for i in range(len(data))], *(splits(data, seed) for seed in range(SPLITS))):
+    for pieces in ([data[i:i + 1] for i in range(len(data))], event_a_read(data),
+                   *(splits(data, seed) for seed in range(SPLITS))):
         assert replay(data, pieces, api) == first, f"{name}: a split into {len(pieces)} reads changed the result"

@@ -75,6 +75,7 @@ from agentload.run.apis.reader import (
     Shape,
     error_text,
     short,
+    whole_read,
 )
 from agentload.run.apis.tool_calls import NAME, PIECES
 
@@ -220,6 +221,18 @@ class ChatStream(AnswerReader):
             if ChatStream()._add_one(p) & TOKEN:
                 self.after_done_tokens += 1
         return 0
+
+    def _learn(self, payload: bytes, key: bytes, text: str, call: int | None) -> None:
+        """`AnswerReader._learn`, and the read that is one whole chunk of that shape (`take_read`)."""
+        super()._learn(payload, key, text, call)
+        shape = self._shape
+        if shape is not None:
+            self._read = whole_read(b"data: " + shape[0], shape[1] + b"\n\n", shape[2])
+
+    def _take_piece(self, call: int, text: str) -> None:
+        """(`AnswerReader.take_read`) a fragment without an index continues this call, as after `_add_shaped`."""
+        self.calls.last_index = call
+        super()._take_piece(call, text)
 
     def _learn_call(self, payload: bytes, frag: Any) -> None:
         """A chunk that was one tool call's arguments fragment and nothing else: its shape."""

@@ -60,10 +60,13 @@ class SSEBody:
     after `await content.readany()`. Every stamp is a read's: first byte, first token (the read
     that carried the first token), the gaps between tokens (between the reads that carried them).
 
-    While nothing is held from an earlier read (`plain`), the whole events of a read are taken
-    without the SSE decoder: one-line `data:` events only (chat's: a paced stream's one event, a
-    burst's whole answer) are split into their payloads in a few C scans and handed to the
-    reader's `add_many` in one call; a read that starts with `event: ` (Messages', Responses') is
+    While nothing is held from an earlier read (`plain`), a read that is exactly one whole token
+    event of the stream's learnt shape (a paced stream's read: one event a read) is taken by the
+    reader's `take_read`, one string decoded and nothing split or built; any other read's whole
+    events are taken without the SSE decoder (`_whole_events`): one-line `data:` events only
+    (chat's: a paced stream's one event, a burst's whole answer) are split into their payloads in
+    a few C scans and handed to the reader's `add_many` in one call; a read that starts with
+    `event: ` (Messages', Responses') is
     split on `\n\nevent: ` alone, one C split, and the reader's `add_events` takes its events
     up to the first that is not exactly one `event:` and one `data:` line (it checks each as it
     takes it: most by their learned shape, which holds the line break). Anything else (comments,
@@ -153,48 +156,61 @@ class SSEBody:
             if self.dec is None and (data[:6] == b"data: " or data[:7] == b"event: "):  # no BOM before it
                 self.plain = True
         trace.bytes_in += len(data)
-        if self.plain and b"\r" not in data:
-            end = data.rfind(b"\n\n")  # the end of the read's last whole event
-            if end > 0:
-                cs = self.cs
-                had = cs.token_chunks
-                rest = end + 2  # where the bytes the decoder is given start
-                if data[:6] == b"data: ":
-                    payloads = _data_lines(data, end)
-                    flags = cs.add_many(payloads) if payloads else -1
-                elif data[:7] == b"event: ":
-                    events = data[7:end].split(b"\n\nevent: ")
-                    flags, taken = cs.add_events(events)
-                    if not taken:
-                        flags = -1
-                    elif taken < len(events):  # the first event not taken on: the decoder's
-                        rest = sum(map(len, events[:taken])) + 9 * taken
+        if self.plain:
+            cs = self.cs
+            had = cs.token_chunks
+            if cs.take_read(data) > 0:  # one whole token event of the learnt shape: a paced stream's read
+                trace.token_reads += 1
+                if had:  # (`_tokens`, written out)
+                    gap = now - trace.last_token
+                    if gap > trace.max_gap:
+                        trace.max_gap = gap
+                        trace.max_gap_at = now
+                    trace.last_token = now
                 else:
-                    flags = -1
-                if flags >= 0:
-                    if flags & TOKEN:
-                        trace.token_reads += 1
-                        if had:  # (`_tokens`, written out: the path of nearly every read)
-                            gap = now - trace.last_token
-                            if gap > trace.max_gap:
-                                trace.max_gap = gap
-                                trace.max_gap_at = now
-                            trace.last_token = now
-                        else:
-                            self._tokens(0, now)
-                            trace.first_output = cs.first_kind
-                    if flags & DONE:
-                        self._done(now)
-                    if rest < len(data):  # the next event's start, or events not taken: the decoder's
-                        dec = self.dec or self._decoder()
-                        for kind, payload in dec.feed(data[rest:]):
-                            self._event(kind, payload, now)
-                        self.plain = dec.idle()
-                    return
+                    self._tokens(0, now)
+                return
+            if b"\r" not in data and self._whole_events(data, now, cs, had):
+                return
         dec = self.dec or self._decoder()
         for kind, payload in dec.feed(data):
             self._event(kind, payload, now)
         self.plain = dec.idle()
+
+    def _whole_events(self, data: bytes, now: int, cs: Any, had: int) -> bool:
+        """A read with nothing held before it and no CR (`feed`): its whole events taken without the
+        decoder, as far as they go (see the class docstring), the rest handed to the decoder; False
+        when none was taken (the caller's decoder takes the read)."""
+        end = data.rfind(b"\n\n")  # the end of the read's last whole event
+        if end <= 0:
+            return False
+        rest = end + 2  # where the bytes the decoder is given start
+        if data[:6] == b"data: ":
+            payloads = _data_lines(data, end)
+            if not payloads:
+                return False
+            flags = cs.add_many(payloads)
+        elif data[:7] == b"event: ":
+            events = data[7:end].split(b"\n\nevent: ")
+            flags, taken = cs.add_events(events)
+            if not taken:
+                return False
+            if taken < len(events):  # the first event not taken on: the decoder's
+                rest = sum(map(len, events[:taken])) + 9 * taken
+        else:
+            return False
+        if flags & TOKEN:
+            trace = self.trace
+            trace.token_reads += 1
+            self._tokens(had, now)
+        if flags & DONE:
+            self._done(now)
+        if rest < len(data):  # the next event's start, or events not taken: the decoder's
+            dec = self.dec or self._decoder()
+            for kind, payload in dec.feed(data[rest:]):
+                self._event(kind, payload, now)
+            self.plain = dec.idle()
+        return True
 
     def _tokens(self, had: int, now: int) -> None:
         """A read carried tokens (`had`: token chunks before it)."""

@@ -44,9 +44,28 @@ SERVER_STAMP = b'"mock_sent_ns":'
 # A stream's usual token event as the bytes around its one changing JSON string (`_learn`): (head,
 # tail, where the string goes: None for the answer's text, else a tool call's index)
 Shape = Tuple[bytes, bytes, Optional[int]]
+# A network read that is one whole event of a stream's learnt shape (`AnswerReader.take_read`): (the
+# read's bytes up to the string's opening quote, from its closing quote to the read's end, where the
+# event's data payload starts in the read, the shape's call)
+ReadShape = Tuple[bytes, bytes, int, Optional[int]]
 
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
+
+
+def whole_read(head: bytes, tail: bytes, call: int | None) -> ReadShape | None:
+    """The read shape of one whole SSE event, `head` + one JSON string's contents + `tail` (head:
+    `data: ` or `event: NAME\ndata: ` and the learnt payload's bytes up to the string's opening
+    quote; tail: from its closing quote, then the blank line): None unless the event's only line
+    breaks are its name line's and its end (a payload that held one, learnt from the SSE decoder,
+    is not one line), with no CR, no `event: error` and the string's two quotes where they go."""
+    i = head.find(b"\n")
+    at = 6 if i < 0 else i + 7  # where the data line's payload starts
+    if (head[at - 6:at] != b"data: " or (i >= 0 and (not head.startswith(b"event: ") or head[:13] == b"event: error\n"))
+            or head.find(b"\n", at) >= 0 or b"\r" in head or b"\r" in tail or tail.find(b"\n") != len(tail) - 2
+            or not tail.endswith(b"\n\n") or not head.endswith(b'"') or not tail.startswith(b'"')):
+        return None
+    return head, tail, at, call
 
 
 def short(s: str) -> str:
@@ -103,7 +122,7 @@ class AnswerReader:
     __slots__ = ("id", "model", "fingerprint", "finish_reason", "usage", "error", "errors", "chunks", "token_chunks",
                  "bad_json", "first_bad", "done", "dones", "no_choices", "not_completion", "first_token_payload",
                  "first_kind", "after_done", "after_done_tokens", "first_after_done", "_content", "calls", "_shape",
-                 "_learned", "_event_shape")
+                 "_learned", "_event_shape", "_read")
 
     def __init__(self) -> None:
         self.id: str | None = None
@@ -131,6 +150,7 @@ class AnswerReader:
         self._shape: Shape | None = None  # the stream's usual token event (`_learn`), or None
         self._learned = 0  # shapes learned so far (at most MAX_SHAPES per stream)
         self._event_shape: Shape | None = None  # _shape with its event's name line before it (`add_events`)
+        self._read: ReadShape | None = None  # a read of one whole event of the learnt shape (`take_read`)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(chunks={self.chunks}, token_chunks={self.token_chunks}, "
@@ -178,6 +198,43 @@ class AnswerReader:
         if shaped:
             out |= self._add_shaped(shaped, shape)  # type: ignore[arg-type]
         return out
+
+    def take_read(self, data: bytes) -> int:
+        """A network read that is exactly one whole event of the stream's learnt shape around one
+        non-empty JSON string (`_read`: a paced stream's token event, a read of its own), taken as
+        its parse would take it: TOKEN. Anything else (another event, more than one, an empty or
+        malformed string, an answer already ended) is not taken: -1, for the read loop's usual path,
+        which parses what it must. The shape holds every line break of the read (`whole_read`); the
+        string between the head's opening quote and the tail's closing one is decoded as one JSON
+        string, which holds none and can only be one string (orjson rejects anything after it)."""
+        shape = self._read
+        if shape is None or self.done:
+            return -1
+        head, tail, at, call = shape
+        hl = len(head)
+        if not data.startswith(head) or not data.endswith(tail, hl):  # (the two cannot overlap)
+            return -1
+        try:
+            text = _loads(data[hl - 1:len(data) - len(tail) + 1])
+        except _JSONDecodeError:
+            return -1
+        if not text:  # (no token: the usual path counts it)
+            return -1
+        self.chunks += 1
+        self.token_chunks += 1
+        if call is None:
+            self._content.append(text)
+        else:
+            self._take_piece(call, text)
+        if self.first_token_payload is None:
+            self.first_token_payload = data[at:-2]
+            if self.first_kind is None:
+                self.first_kind = "text" if call is None else "tool"
+        return TOKEN
+
+    def _take_piece(self, call: int, text: str) -> None:
+        """A piece of tool call `call`'s arguments, taken by shape (`take_read`)."""
+        self.calls.calls[call][PIECES].append(text)
 
     def add_events(self, events: list[bytes]) -> tuple[int, int]:
         """Whole SSE events of one `event:` and one `data:` line each, as the read loop splits them
@@ -341,6 +398,7 @@ class EventReader(AnswerReader):
         known = self._text_shapes
         if known is not None:
             self._shape, self._event_shape = known
+            self._read = whole_read(b"event: " + known[1][0], known[1][1] + b"\n\n", None)
 
     def _shaped(self, obj: dict) -> tuple[bytes, str, int | None] | None:
         """A token event (its handler took it) whose whole effect is one output string: (its key,
@@ -435,6 +493,7 @@ class EventReader(AnswerReader):
         learnt = self._shape
         if learnt is not shape and learnt is not None:  # learnt from this event: the same with its name line
             self._event_shape = (ev[:i + 7] + learnt[0], learnt[1], learnt[2])
+            self._read = whole_read(b"event: " + self._event_shape[0], learnt[1] + b"\n\n", learnt[2])
             if learnt[2] is None:  # (text only: see _text_shapes)
                 type(self)._text_shapes = (learnt, self._event_shape)
         return flags
