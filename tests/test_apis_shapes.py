@@ -327,9 +327,9 @@ def test_the_next_stream_starts_with_the_text_shape_and_its_server_stamp_teaches
     assert MessagesStream._text_shapes is None
     trace, got = _read(MessagesStream, body, [body])
     assert got._learned == 1 and trace.server_first_token_ns == 123 and got.first_token_payload == first
-    assert MessagesStream._text_shapes == (got._shape, got._event_shape)
+    assert MessagesStream._text_shapes == (got._shape, got._event_shape, got._read)
     nxt = MessagesStream()
-    assert (nxt._shape, nxt._event_shape) == MessagesStream._text_shapes and nxt._learned == 0
+    assert (nxt._shape, nxt._event_shape, nxt._read) == MessagesStream._text_shapes and nxt._learned == 0
     parsed = []
     parse = MessagesStream._add_one
     monkeypatch.setattr(MessagesStream, "_add_one", lambda self, p: parsed.append(p) or parse(self, p))
@@ -494,8 +494,8 @@ def test_a_read_shape_is_one_event_of_one_data_line_or_none():
     and no other: a chunk learnt from the decoder whose payload spans lines, a CR, another field, an
     `event: error` or a head and tail without the string's quotes give none (their reads go the
     usual way)."""
-    assert whole_read(b'data: {"c":"', b'"}\n\n', None) == (b'data: {"c":"', b'"}\n\n', 6, None)
-    assert whole_read(b'event: x\ndata: {"c":"', b'"}\n\n', 2) == (b'event: x\ndata: {"c":"', b'"}\n\n', 15, 2)
+    assert whole_read(b'data: {"c":"', b'"}\n\n', None) == (b'data: {"c":"', b'"}\n\n', 12, 3, 6, None)
+    assert whole_read(b'event: x\ndata: {"c":"', b'"}\n\n', 2) == (b'event: x\ndata: {"c":"', b'"}\n\n', 21, 3, 15, 2)
     for head, tail in [(b'data: {\n"c":"', b'"}\n\n'), (b'data: {"c":"', b'"\n}\n\n'), (b'data: {"c":"', b'"}\r\n\r\n'),
                        (b'event: x\r\ndata: {"c":"', b'"}\n\n'), (b'event: x\nid: 1\ndata: {"c":"', b'"}\n\n'),
                        (b'event: error\ndata: {"c":"', b'"}\n\n'), (b'data:{"c":"', b'"}\n\n'), (b'id: 1\ndata: {"c":"', b'"}\n\n'),

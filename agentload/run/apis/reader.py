@@ -45,9 +45,10 @@ SERVER_STAMP = b'"mock_sent_ns":'
 # tail, where the string goes: None for the answer's text, else a tool call's index)
 Shape = Tuple[bytes, bytes, Optional[int]]
 # A network read that is one whole event of a stream's learnt shape (`AnswerReader.take_read`): (the
-# read's bytes up to the string's opening quote, from its closing quote to the read's end, where the
-# event's data payload starts in the read, the shape's call)
-ReadShape = Tuple[bytes, bytes, int, Optional[int]]
+# read's bytes up to the string's opening quote, from its closing quote to the read's end, the
+# length of the first, of the second less its quote, where the event's data payload starts in the
+# read, the shape's call)
+ReadShape = Tuple[bytes, bytes, int, int, int, Optional[int]]
 
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
@@ -65,7 +66,7 @@ def whole_read(head: bytes, tail: bytes, call: int | None) -> ReadShape | None:
             or head.find(b"\n", at) >= 0 or b"\r" in head or b"\r" in tail or tail.find(b"\n") != len(tail) - 2
             or not tail.endswith(b"\n\n") or not head.endswith(b'"') or not tail.startswith(b'"')):
         return None
-    return head, tail, at, call
+    return head, tail, len(head), len(tail) - 1, at, call
 
 
 def short(s: str) -> str:
@@ -210,12 +211,11 @@ class AnswerReader:
         shape = self._read
         if shape is None or self.done:
             return -1
-        head, tail, at, call = shape
-        hl = len(head)
+        head, tail, hl, cut, at, call = shape
         if not data.startswith(head) or not data.endswith(tail, hl):  # (the two cannot overlap)
             return -1
         try:
-            text = _loads(data[hl - 1:len(data) - len(tail) + 1])
+            text = _loads(data[hl - 1:len(data) - cut])
         except _JSONDecodeError:
             return -1
         if not text:  # (no token: the usual path counts it)
@@ -390,15 +390,15 @@ class EventReader(AnswerReader):
     # stream starts with it, so a server whose text events are the same from one answer to the next
     # (Messages': no id in them) has each answer's taken by shape from its first. A text event's
     # effect is its string whatever came before it in its stream; a tool call's piece is not passed
-    # on (its call may not be open in the next stream). Set where a stream learns one (`_add_event`).
-    _text_shapes: tuple[Shape, Shape] | None = None
+    # on (its call may not be open in the next stream). Set where a stream learns one (`_add_event`),
+    # with the read shape of the event shape (`whole_read`).
+    _text_shapes: tuple[Shape, Shape, ReadShape | None] | None = None
 
     def __init__(self) -> None:
         super().__init__()
         known = self._text_shapes
         if known is not None:
-            self._shape, self._event_shape = known
-            self._read = whole_read(b"event: " + known[1][0], known[1][1] + b"\n\n", None)
+            self._shape, self._event_shape, self._read = known
 
     def _shaped(self, obj: dict) -> tuple[bytes, str, int | None] | None:
         """A token event (its handler took it) whose whole effect is one output string: (its key,
@@ -495,7 +495,7 @@ class EventReader(AnswerReader):
             self._event_shape = (ev[:i + 7] + learnt[0], learnt[1], learnt[2])
             self._read = whole_read(b"event: " + self._event_shape[0], learnt[1] + b"\n\n", learnt[2])
             if learnt[2] is None:  # (text only: see _text_shapes)
-                type(self)._text_shapes = (learnt, self._event_shape)
+                type(self)._text_shapes = (learnt, self._event_shape, self._read)
         return flags
 
     def _add_one(self, payload: bytes) -> int:
