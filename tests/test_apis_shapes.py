@@ -415,7 +415,7 @@ def test_a_read_of_one_event_of_the_learnt_shape_is_taken_whole_and_nothing_else
     the read loop's answer over them all is the SSE decoder's with every event parsed."""
     cls, start, text, tool, args, end = _PACED[api]
     head, tail = _around(text("ZZ"), b"ZZ")
-    trace, cs = _read(cls, b"", [start, text("a")])
+    trace, cs = _read(cls, b"", [start, text("a"), text("b")])  # (chat's read shape is made at its next read)
     assert cs._read[:2] == (head, tail)
     before = _state(cs)
     for mid in _NOT_ONE_EVENT:

@@ -72,6 +72,7 @@ from agentload.run.apis.reader import (
     TOKEN,
     USAGE,
     AnswerReader,
+    ReadShape,
     Shape,
     error_text,
     short,
@@ -223,11 +224,17 @@ class ChatStream(AnswerReader):
         return 0
 
     def _learn(self, payload: bytes, key: bytes, text: str, call: int | None) -> None:
-        """`AnswerReader._learn`, and the read that is one whole chunk of that shape (`take_read`)."""
+        """`AnswerReader._learn`; the read that is one whole chunk of the shape learnt is made when
+        the next read comes (`take_read`: a burst's answer is all in the read that taught it)."""
         super()._learn(payload, key, text, call)
+        self._read = None
+        self._read_later = self._shape is not None
+
+    def _make_read(self) -> ReadShape | None:
+        self._read_later = False
         shape = self._shape
-        if shape is not None:
-            self._read = whole_read(b"data: " + shape[0], shape[1] + b"\n\n", shape[2])
+        self._read = whole_read(b"data: " + shape[0], shape[1] + b"\n\n", shape[2]) if shape else None
+        return self._read
 
     def _take_piece(self, call: int, text: str) -> None:
         """(`AnswerReader.take_read`) a fragment without an index continues this call, as after `_add_shaped`."""

@@ -202,7 +202,14 @@ class SSEBody:
         if flags & TOKEN:
             trace = self.trace
             trace.token_reads += 1
-            self._tokens(had, now)
+            if had:  # (`_tokens`, written out: a burst's every read, a paced stream's that take_read did not take)
+                gap = now - trace.last_token
+                if gap > trace.max_gap:
+                    trace.max_gap = gap
+                    trace.max_gap_at = now
+                trace.last_token = now
+            else:
+                self._tokens(0, now)
         if flags & DONE:
             self._done(now)
         if rest < len(data):  # the next event's start, or events not taken: the decoder's

@@ -123,7 +123,7 @@ class AnswerReader:
     __slots__ = ("id", "model", "fingerprint", "finish_reason", "usage", "error", "errors", "chunks", "token_chunks",
                  "bad_json", "first_bad", "done", "dones", "no_choices", "not_completion", "first_token_payload",
                  "first_kind", "after_done", "after_done_tokens", "first_after_done", "_content", "calls", "_shape",
-                 "_learned", "_event_shape", "_read")
+                 "_learned", "_event_shape", "_read", "_read_later")
 
     def __init__(self) -> None:
         self.id: str | None = None
@@ -152,6 +152,7 @@ class AnswerReader:
         self._learned = 0  # shapes learned so far (at most MAX_SHAPES per stream)
         self._event_shape: Shape | None = None  # _shape with its event's name line before it (`add_events`)
         self._read: ReadShape | None = None  # a read of one whole event of the learnt shape (`take_read`)
+        self._read_later = False  # _read is to be made from the learnt shape when a read asks (`_make_read`)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(chunks={self.chunks}, token_chunks={self.token_chunks}, "
@@ -209,7 +210,13 @@ class AnswerReader:
         string between the head's opening quote and the tail's closing one is decoded as one JSON
         string, which holds none and can only be one string (orjson rejects anything after it)."""
         shape = self._read
-        if shape is None or self.done:
+        if shape is None:
+            if not self._read_later:
+                return -1
+            shape = self._make_read()
+            if shape is None:
+                return -1
+        if self.done:
             return -1
         head, tail, hl, cut, at, call = shape
         if not data.startswith(head) or not data.endswith(tail, hl):  # (the two cannot overlap)
@@ -231,6 +238,12 @@ class AnswerReader:
             if self.first_kind is None:
                 self.first_kind = "text" if call is None else "tool"
         return TOKEN
+
+    def _make_read(self) -> ReadShape | None:
+        """(`take_read`: `_read_later`) `_read` made from the stream's learnt shape, where a reader
+        learns shapes that a burst's one read never needs (chat's, a stream's own)."""
+        self._read_later = False
+        return None
 
     def _take_piece(self, call: int, text: str) -> None:
         """A piece of tool call `call`'s arguments, taken by shape (`take_read`)."""
