@@ -66,14 +66,13 @@ class SSEBody:
     events are taken without the SSE decoder (`_whole_events`): one-line `data:` events only
     (chat's: a paced stream's one event, a burst's whole answer) are split into their payloads in
     a few C scans and handed to the reader's `add_many` in one call; a read that starts with
-    `event: ` (Messages', Responses') is
-    split on `\n\nevent: ` alone, one C split, and the reader's `add_events` takes its events
-    up to the first that is not exactly one `event:` and one `data:` line (it checks each as it
-    takes it: most by their learned shape, which holds the line break). Anything else (comments,
-    other lines, CRs, a partial event, a BOM, an event not taken) goes through the SSE decoder
-    event by event. The decoder is made when it is first needed (most streams never need it), and
-    its `bytes_fed`/`events` count only what it saw. `chunks` and `token_chunks` are the
-    reader's (one count, copied to the trace by `sync`).
+    `event: ` (Messages', Responses') is split on `\n\nevent: ` alone, one C split, and the
+    reader's `add_events` takes its events up to the first that is not exactly one `event:` and
+    one `data:` line (it checks each as it takes it: most by their learned shape, which holds the
+    line break). Anything else (comments, other lines, CRs, a partial event, a BOM, an event not
+    taken) goes through the SSE decoder event by event. The decoder is made when it is first
+    needed (most streams never need it), and its `bytes_fed`/`events` count only what it saw.
+    `chunks` and `token_chunks` are the reader's (one count, copied to the trace by `sync`).
 
     `[DONE]` ends the answer (`ChatStream`: nothing after it is taken) and the read: `watch(content,
     conn, grace_s)` has the body's end waited for at most `grace_s` past it (the end of the chunked
