@@ -221,7 +221,12 @@ def main(argv: list[str] | None = None) -> int:
                 codes.append(a.code)
             runs: list[list[dict[str, Any]]] = [[] for _ in clients]
             for rep in range(a.reps):  # alternated: drift on a shared machine hits every client alike
-                for i, (module, args) in enumerate(clients):
+                # and rotated: each rep starts one client later, so no client always runs right after
+                # the same one (two copies of the same agentload, run in the same order, differed by 5% in
+                # callgrind's counts per request)
+                for k in range(len(clients)):
+                    i = (k + rep) % len(clients)
+                    module, args = clients[i]
                     runs[i].append(client(module, args, cli_cpu, budget, srv, codes[i]))
                     if codes[i] is not None:
                         runs[i][-1]["client"] = "agentload (--code)"

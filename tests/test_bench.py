@@ -99,6 +99,9 @@ def test_bench_reps_and_another_copy_of_the_code(tmp_path):
     rows = orjson.loads(out.read_bytes())["rows"]
     assert [r["client"] for r in rows] == ["baseline messages", "floor messages", "agentload messages",
                                            "agentload (--code)"]
+    # each rep's runs rotated by one: no client always runs right after the same one
+    ran = [line.split()[4] for line in p.stdout.splitlines() if line.startswith("  (")]
+    assert ran == ["baseline", "floor", "agentload", "agentload", "floor", "agentload", "agentload", "baseline"], ran
     assert all(len(r["reps_per_core"]) == 2 and r["requests"] == 2 * 2 for r in rows)
     assert rows[3]["chunks"] == rows[2]["chunks"] == rows[0]["chunks"] == 2 * 2 * (2 + 4 + 3)  # Messages' events
     assert (code / "agentload" / "run" / "IMPORTED").read_text() == "yes"
