@@ -280,3 +280,30 @@ def test_every_report_shows_each_finding_not_only_the_lead(tmp_path):
     compare_text.write_outputs(doc, tmp_path)
     assert "      also [client_pool] client pool exhausted apart" in (tmp_path / "compare.txt").read_text()
     assert "also <span class='kind'>[client_pool]</span>" in (tmp_path / "compare.html").read_text()
+
+
+@pytest.mark.parametrize("proxy", [False, True])
+def test_a_canary_in_flight_at_the_end_is_no_request_of_the_harness_nor_a_failed_canary(tmp_path, proxy):
+    """Stopping a run (a proxy's usual end) cuts off whatever canary is in flight: the report counts
+    it apart from the agents' (the harness's) requests and from the canaries that failed."""
+    run_dir = _copy_fixture(tmp_path)
+    meta = orjson.loads((run_dir / "run.json").read_bytes())
+    meta.update(cut_short=True, stop_reason="interrupted (SIGINT)")
+    if proxy:
+        meta["proxy"] = {"upstream": "http://127.0.0.1:9/v1", "listen": "127.0.0.1:8"}
+    (run_dir / "run.json").write_bytes(orjson.dumps(meta))
+    lines = (run_dir / "records.jsonl").read_bytes().splitlines()
+    canary = orjson.loads(next(ln for ln in lines if b'"kind":"canary"' in ln))
+    canary.update(outcome="cut_short", error="cut_short", request_id=canary["request_id"] + "-last")
+    with open(run_dir / "records.jsonl", "ab") as f:
+        f.write(orjson.dumps(canary) + b"\n")
+    summary, text = write_reports(run_dir)
+    tot = summary["totals"]
+    assert (tot["canaries"], tot["canaries_ok"], tot["canaries_cut_short"]) == (7, 6, 1)
+    assert "canaries 6/6 ok (1 cut short at the end)" in " ".join(text.split())
+    assert "canaries 6/6 ok (1 cut short at the end)" in (run_dir / "report.html").read_text()
+    cut_agents = tot["cut_short"]
+    if proxy:  # only requests of the harness's that the proxy cut off are worth a word
+        assert ("request(s) still in flight" in text) == (cut_agents > 0)
+    else:
+        assert f"{cut_agents} request(s) (and 1 canary request(s)) still in flight" in " ".join(text.split())

@@ -53,9 +53,10 @@ class SummaryPass:
         self.facts = FactsAccumulator()
         self.records = 0
         self.max_end: int | None = None  # latest end stamp (the duration of a run that never ended)
-        self.cut_short = 0
+        self.cut_short = 0  # agent requests still in flight when the run ended
         self.canaries = 0
         self.canaries_ok = 0
+        self.canaries_cut_short = 0  # (a canary in flight at the end is no failed canary)
         self.late = SparseHistogram()  # open loop: start - intended of first requests
         self.late_n = 0
         self.groups: dict[int, GroupTally] = {}  # [conversation] prefix_groups: per group
@@ -79,11 +80,12 @@ class SummaryPass:
         self.records += 1
         end = t.get("end", 0)
         self.max_end = end if self.max_end is None else max(self.max_end, end)
-        if r.outcome == "cut_short":
-            self.cut_short += 1
         if r.kind == "canary":
             self.canaries += 1
             self.canaries_ok += r.outcome == "ok"
+            self.canaries_cut_short += r.outcome == "cut_short"
+        elif r.outcome == "cut_short":
+            self.cut_short += 1
         if "intended" in t and "start" in t:
             self.late.record_ns(t["start"] - t["intended"])
             self.late_n += 1
@@ -185,6 +187,14 @@ def tls_note(tls: dict[str, Any] | None) -> str:
     return f"TLS certificate verified against {tls['ca_file']}" if tls.get("ca_file") else ""
 
 
+def canaries_note(totals: dict[str, Any]) -> str:
+    """"canaries 5/5 ok (1 cut short at the end)": a canary still in flight when the run (or the
+    proxy) was stopped counts neither way."""
+    cut = totals.get("canaries_cut_short", 0)
+    seen = totals["canaries"] - cut
+    return f"canaries {totals['canaries_ok']}/{seen} ok" + (f" ({cut} cut short at the end)" if cut else "")
+
+
 def _start_lateness(sp: SummaryPass) -> dict[str, float] | None:
     """Open loop: how late first requests went out against their intended start (ms)."""
     if not sp.late_n:
@@ -203,9 +213,10 @@ def warnings_for(data: RunData, sp: SummaryPass, verdict: dict[str, Any] | None 
             w.append(f"the proxy was stopped ({m.get('stop_reason') or 'stopped early'}) with {sp.cut_short} "
                      f"request(s) still in flight: recorded as cut_short, their answers not seen to the end")
     elif m.get("cut_short"):
-        cut = sp.cut_short
+        canaries = f" (and {sp.canaries_cut_short} canary request(s))" if sp.canaries_cut_short else ""
         w.append(f"the run was cut short ({m.get('stop_reason') or 'stopped early'}): conversations in progress started "
-                 f"no further round; {cut} request(s) still in flight at the end were recorded as cut_short")
+                 f"no further round; {sp.cut_short} request(s){canaries} still in flight at the end were recorded "
+                 f"as cut_short")
     if data.torn_lines:
         w.append(f"{data.torn_lines} torn line(s) in records.jsonl were skipped (the run was killed mid-write)")
     tls = tls_settings(m.get("scenario") or {})
@@ -326,6 +337,7 @@ def build_summary(data: RunData, sp: SummaryPass | None = None) -> dict[str, Any
             **overall.counts(),
             "canaries": sp.canaries,
             "canaries_ok": sp.canaries_ok,
+            "canaries_cut_short": sp.canaries_cut_short,
             "torn_lines": data.torn_lines,
             "rounds_completed": sum(a["rounds_completed"] for a in agents),
         },

@@ -29,7 +29,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from agentload.analysis.stats import band_ranges
-from agentload.analysis.summary import tls_note
+from agentload.analysis.summary import canaries_note, tls_note
 from agentload.records import REPORT_PHASES
 from agentload.records.rundir import RunData
 from agentload.redact import redact
@@ -239,7 +239,7 @@ def verdict_html(data: RunData, summary: dict[str, Any], view: HtmlView) -> str:
     out.append(f"<p class='totals'>agents {tot['agents']} ({', '.join(f'{k} {n}' for k, n in sorted(outcomes.items()))})"
                f" · requests {tot['requests']} · completed {tot['completed']} · errors {tot['errors']} · "
                f"stalled {tot['stalled']} · cut short {tot['cut_short']} · rounds completed {tot['rounds_completed']} · "
-               f"canaries {tot['canaries_ok']}/{tot['canaries']} ok</p>")
+               f"{canaries_note(tot)}</p>")
     return "".join(out)
 
 

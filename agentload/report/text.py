@@ -10,7 +10,7 @@ from rich.table import Table
 
 from agentload.analysis.stats import fmt_dur as _dur
 from agentload.analysis.stats import fmt_ms
-from agentload.analysis.summary import tls_note
+from agentload.analysis.summary import canaries_note, tls_note
 from agentload.records import REPORT_PHASES
 
 _PHASE_COLS = REPORT_PHASES
@@ -90,7 +90,7 @@ def _run(con: Console, summary: dict[str, Any]) -> None:
     con.print(f"{'conversations' if proxy else 'agents'} {tot['agents']}{never}  requests {tot['requests']}  completed {tot['completed']}  "
               f"errors {tot['errors']}  stalled {tot['stalled']} (given up {tot.get('given_up', 0)})  "
               f"cut short {tot['cut_short']}  "
-              f"rounds completed {tot['rounds_completed']}  canaries {tot['canaries_ok']}/{tot['canaries']} ok")
+              f"rounds completed {tot['rounds_completed']}  {canaries_note(tot)}")
 
 
 def replay_note(replay: dict[str, Any]) -> str:
