@@ -7,8 +7,14 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from helpers import run_cli_together
+
+# The machines are shared: generating examples can be slow there without any test being wrong.
+# No deadline and no too-slow health check (each property still runs all its examples).
+settings.register_profile("shared-machine", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("shared-machine")
 
 # development tooling (the DevTools client for the HTML render tests) lives in tools/, not in the package
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
