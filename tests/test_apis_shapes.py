@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentload.records import Trace
+from agentload.run.apis import reader as reader_module
 from agentload.run.apis.messages import MessagesStream
 from agentload.run.apis.reader import BAD_JSON, DONE, TOKEN, whole_read
 from agentload.run.apis.responses import ResponsesStream
@@ -331,8 +332,14 @@ def test_the_next_stream_starts_with_the_text_shape_and_its_server_stamp_teaches
     nxt = MessagesStream()
     assert (nxt._shape, nxt._event_shape, nxt._read) == MessagesStream._text_shapes and nxt._learned == 0
     parsed = []
-    parse = MessagesStream._add_one
-    monkeypatch.setattr(MessagesStream, "_add_one", lambda self, p: parsed.append(p) or parse(self, p))
+    loads = reader_module._loads
+
+    def spy(p: bytes) -> object:  # every parse of an event as an object (an array: a run of shaped strings)
+        if p[:1] != b"[":
+            parsed.append(p)
+        return loads(p)
+
+    monkeypatch.setattr(reader_module, "_loads", spy)
     trace = Trace("agent", 0, 1, 0, "r", 2, 0, 0)
     reader = SSEBody(trace, MessagesStream)
     reader.cs = nxt
@@ -501,3 +508,35 @@ def test_a_read_shape_is_one_event_of_one_data_line_or_none():
                        (b'event: error\ndata: {"c":"', b'"}\n\n'), (b'data:{"c":"', b'"}\n\n'), (b'id: 1\ndata: {"c":"', b'"}\n\n'),
                        (b'data: {"c":', b'"}\n\n'), (b'data: {"c":"', b'}\n\n'), (b'data: {"c":"', b'"}\n')]:
         assert whole_read(head, tail, None) is None, (head, tail)
+
+
+
+# (a payload, whether Messages' and Responses' parse counts it malformed)
+_NOT_EVENTS = [(b"not json", 1, 1), (b"[1,2]", 1, 1), (b'"message_stop"', 1, 1), (b"null", 1, 1), (b"7", 1, 1),
+               (b"{}", 1, 1), (b'{"type":null}', 1, 1), (b'{"type":7}', 1, 1), (b'{"type":["message_stop"]}', 1, 1),
+               (b'{"type":{"a":1}}', 1, 1), (b'{"type":"message_stop"', 1, 1), (b'{"type":"x"}x', 1, 1),
+               (b'{"type":"ping"} {"type":"ping"}', 1, 1), (b'{"type":"response.content_part.done","part":', 1, 1),
+               (b'{"type":"message_start","message":[1]}', 1, 0), (b'{"type":"response.created","response":"r"}', 0, 1),
+               (b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":7}}', 1, 0),
+               (b'{"type":"response.output_text.delta","delta":null}', 0, 1),
+               (b'{"type":"content_block_stop","index":0}', 0, 0), (b'{"type":"unknown.to.both"}', 0, 0)]
+
+
+@pytest.mark.parametrize("api", ["messages", "responses"])
+@pytest.mark.parametrize("payload,bad_messages,bad_responses", _NOT_EVENTS)
+def test_a_named_event_taken_by_the_read_loop_is_counted_as_its_parse_counts_it(api, payload, bad_messages,
+                                                                                bad_responses):
+    """Each of a burst's events that is not of the learnt shape is parsed by the read loop itself
+    (`_add_event`): whatever it holds (not JSON, not an object, a type that is not a string, one no
+    handler knows, a handler's wrong shape, bytes after the object), the answer is the decoder's,
+    its every event parsed; a malformed one is counted (twice in the stream, twice counted), and
+    the answer without its terminal event is not done."""
+    cls = MessagesStream if api == "messages" else ResponsesStream
+    make = _MAKE[api]
+    payloads = [_START[api], make("text", " a", 0), payload, make("text", " b", 0), payload]
+    body = b"".join(b"event: x\ndata: " + p + b"\n\n" for p in payloads)
+    trace, got = _read(cls, body, [body])
+    want, _ = _decoded(cls, body)
+    assert _state(got) == _state(want) and trace.bad_events == want.bad_json
+    assert got.bad_json == 2 * (bad_messages if api == "messages" else bad_responses)
+    assert not got.done and got.content == " a b" and got.chunks == 5
