@@ -35,10 +35,12 @@ _FIELDS = ("id", "model", "fingerprint", "finish_reason", "usage", "error", "err
 
 @pytest.fixture(autouse=True)
 def _no_shape_from_other_tests(monkeypatch):
-    """Each test starts with no text shape learnt by another test's streams (a test's own examples
-    may leave one to the next: the readers must take the same either way)."""
+    """Each test starts with no text shape learnt by another test's streams, and no short event of
+    no effect remembered (`_quiet`) (a test's own examples may leave them to the next: the readers
+    must take the same either way)."""
     for cls in (MessagesStream, ResponsesStream):
         monkeypatch.setattr(cls, "_text_shapes", None)
+    monkeypatch.setattr(MessagesStream, "_quiet", set())
 
 
 def _parsed_only(cls):
@@ -540,3 +542,62 @@ def test_a_named_event_taken_by_the_read_loop_is_counted_as_its_parse_counts_it(
     assert _state(got) == _state(want) and trace.bad_events == want.bad_json
     assert got.bad_json == 2 * (bad_messages if api == "messages" else bad_responses)
     assert not got.done and got.content == " a b" and got.chunks == 5
+
+
+def test_a_short_event_of_no_effect_seen_before_is_not_parsed_and_anything_else_is(monkeypatch):
+    """Messages' `ping` and `content_block_stop` are the same bytes in every answer: the second time
+    an event is byte for byte one parsed before whose type no handler takes, it is counted without a
+    parse (`EventReader._quiet`). A byte off (malformed, another index, another name line, `event:
+    error`) is parsed as ever: a malformed ping is counted malformed, an error is an error."""
+    ping, stop = messages_event("ping", "", 0), b'{"type":"content_block_stop","index":0}'
+    parts = [(b"message_start", _START["messages"]), (b"ping", ping), (b"content_block_delta", messages_event("text", " a", 0)),
+             (b"content_block_stop", stop), (b"message_stop", messages_event("end", "", 0))]
+    body = b"".join(b"event: " + n + b"\ndata: " + p + b"\n\n" for n, p in parts)
+    first_trace, first = _read(MessagesStream, body, [body])
+    assert MessagesStream._quiet == {b"ping\ndata: " + ping, b"content_block_stop\ndata: " + stop}
+    parsed = []
+    loads = reader_module._loads
+
+    def spy(p: bytes) -> object:
+        parsed.append(p)
+        return loads(p)
+
+    monkeypatch.setattr(reader_module, "_loads", spy)
+    trace, got = _read(MessagesStream, body, [body])
+    assert ping not in parsed and stop not in parsed and _START["messages"] in parsed
+    assert _state(got) == _state(first) == _state(_decoded(MessagesStream, body)[0]) and got.chunks == 5
+    assert got.done and got.bad_json == 0 and got.no_choices == 4
+    for name, payload, bad, error in [(b"ping", b'{"type":"ping"', 1, 0), (b"ping", b'{"type":"ping"}}', 1, 0),
+                                      (b"ping", b'{"type":"ping"} ', 0, 0), (b"ping", b'{"type":"pong"}', 0, 0),
+                                      (b"content_block_stop", b'{"type":"content_block_stop","index":1}', 0, 0),
+                                      (b"pings", ping, 0, 0), (b"error", ping, 0, 1), (b"ping", b"[DONE]", 0, 0)]:
+        parsed.clear()
+        one = b"event: " + name + b"\ndata: " + payload + b"\n\n"
+        trace, got = _read(MessagesStream, body + one, [body + one])
+        want, _ = _decoded(MessagesStream, body + one)
+        assert payload in parsed, one
+        assert _state(got) == _state(want) and got.bad_json == bad and got.errors == error and got.chunks == 6, one
+        assert trace.bad_events == bad
+
+
+def test_short_events_of_no_effect_that_differ_every_time_stop_being_remembered():
+    """A server whose short events of no effect differ every time (an id, a count in them) fills
+    `_quiet` to QUIET_MAX, and then it is dropped: no more look-ups, every event parsed, the same
+    answer. Responses' are never looked up (each of its names the item it is about)."""
+    def answer(i: int) -> bytes:
+        return b"".join(b"event: " + n + b"\ndata: " + p + b"\n\n" for n, p in [
+            (b"message_start", _START["messages"]), (b"content_block_delta", messages_event("text", " a", 0)),
+            (b"ping", b'{"type":"ping","n":%d}' % i), (b"message_stop", messages_event("end", "", 0))])
+    for i in range(reader_module.QUIET_MAX + 3):
+        body = answer(i)
+        trace, got = _read(MessagesStream, body, [body])
+        assert _state(got) == _state(_decoded(MessagesStream, body)[0]) and got.done and got.chunks == 4
+        if i < reader_module.QUIET_MAX:
+            assert len(MessagesStream._quiet) == i + 1
+    assert MessagesStream._quiet is None
+    body = answer(0)
+    assert _state(_read(MessagesStream, body, [body])[1]) == _state(_decoded(MessagesStream, body)[0])
+    body = b"".join(b"event: x\ndata: " + p + b"\n\n" for p in [
+        _START["responses"], b'{"type":"response.content_part.added"}', responses_event("end", "", 0)])
+    _read(ResponsesStream, body, [body])
+    assert ResponsesStream._quiet is None

@@ -132,6 +132,9 @@ class MessagesStream(EventReader):
     OBJECT = "message"
 
     __slots__ = ("stop_reason", "_in", "_out", "_cached", "_created")
+    # `ping` and `content_block_stop` (one a block), the same in every answer: taken without a parse
+    # when byte for byte one parsed before (EventReader._quiet)
+    _quiet: set[bytes] | None = set()
 
     def __init__(self) -> None:
         super().__init__()

@@ -36,6 +36,8 @@ BAD_JSON = 32
 
 _ERROR_MAX = 300  # characters kept in .error
 BAD_SAMPLE = 120  # bytes of the first malformed payload kept in .first_bad
+QUIET_LEN = 96  # (EventReader._quiet) the longest event remembered, and looked up
+QUIET_MAX = 32
 MAX_SHAPES = 4  # token-event shapes learned per stream (a server whose every event differs: the parsed path)
 # The send stamp agentload's mock and bench/server.py put in an answer's first token event (read by
 # `sse_body.server_stamp`): that event is not the stream's usual shape, so none is learnt from it
@@ -406,6 +408,12 @@ class EventReader(AnswerReader):
     # on (its call may not be open in the next stream). Set where a stream learns one (`_add_event`),
     # with the read shape of the event shape (`whole_read`).
     _text_shapes: tuple[Shape, Shape, ReadShape | None] | None = None
+    # Short whole events (`NAME\ndata: PAYLOAD`, at most QUIET_LEN bytes) of a type no handler takes,
+    # each byte for byte one this API's readers parsed before: the same bytes, so the same object, a
+    # valid one, of the same effect (a count), taken without a parse (`add_events`). At most
+    # QUIET_MAX; a server whose every such event differs fills it, and it is dropped (None: no more
+    # look-ups). None: the API's are not looked up (Responses': each names its item).
+    _quiet: set[bytes] | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -442,9 +450,12 @@ class EventReader(AnswerReader):
         A token event that is byte for byte the stream's learned shape with its name line before
         it (`_event_shape`, learnt with `_shape`) around one JSON string is taken by that shape,
         as in `add_many`, without a look at its lines of its own: the shape holds the event's one
-        line break, and a JSON string none (`_shaped_texts`)."""
+        line break, and a JSON string none (`_shaped_texts`). A short event of no effect that is
+        byte for byte one parsed before (`_quiet`: Messages' `ping`, `content_block_stop`) is
+        counted without a parse; a byte off, it is parsed."""
         out = taken = 0
         run: list[bytes] | None = None
+        quiet = self._quiet
         shape = self._event_shape
         head, tail, hl = (shape[0], shape[1], len(shape[0])) if shape else (None, b"", 0)
         for ev in events:
@@ -462,6 +473,11 @@ class EventReader(AnswerReader):
                 if n < len(run):
                     return out, taken
                 run = None
+            if quiet is not None and len(ev) <= QUIET_LEN and ev in quiet:  # (see _quiet)
+                self.chunks += 1
+                self.no_choices += 1
+                taken += 1
+                continue
             flags = self._add_event(ev)
             if flags < 0:
                 return out, taken
@@ -513,6 +529,12 @@ class EventReader(AnswerReader):
         handler = self.HANDLERS.get(t)
         if handler is None:  # (events this version does not know: 0)
             self.no_choices += 1
+            quiet = self._quiet
+            if quiet is not None and len(ev) <= QUIET_LEN:  # (see _quiet)
+                if len(quiet) < QUIET_MAX:
+                    quiet.add(ev)
+                else:
+                    type(self)._quiet = None
             return 0
         try:
             flags = handler(self, obj)
