@@ -121,6 +121,7 @@ class AnswerReader:
     END: str | None = None  # the API's terminal event (None: chat's, whose [DONE] is optional)
     FINISH = "finish_reason"  # what says how the answer ended, in the API's words
     OBJECT = "chat.completion"  # what a non-streamed answer is
+    _text_shapes: Any = None  # a new stream's first shapes (EventReader's; chat's: none)
 
     __slots__ = ("id", "model", "fingerprint", "finish_reason", "usage", "error", "errors", "chunks", "token_chunks",
                  "bad_json", "first_bad", "done", "dones", "no_choices", "not_completion", "first_token_payload",
@@ -150,10 +151,14 @@ class AnswerReader:
         self.first_after_done: bytes | None = None  # the first one's leading bytes
         self._content: list[str] = []
         self.calls = ToolCalls()
-        self._shape: Shape | None = None  # the stream's usual token event (`_learn`), or None
         self._learned = 0  # shapes learned so far (at most MAX_SHAPES per stream)
-        self._event_shape: Shape | None = None  # _shape with its event's name line before it (`add_events`)
-        self._read: ReadShape | None = None  # a read of one whole event of the learnt shape (`take_read`)
+        known = self._text_shapes
+        if known is None:
+            self._shape: Shape | None = None  # the stream's usual token event (`_learn`), or None
+            self._event_shape: Shape | None = None  # _shape with its event's name line before it (`add_events`)
+            self._read: ReadShape | None = None  # a read of one whole event of the learnt shape (`take_read`)
+        else:  # (EventReader's: the text shape the last stream of its API learnt)
+            self._shape, self._event_shape, self._read = known
         self._read_later = False  # _read is to be made from the learnt shape when a read asks (`_make_read`)
 
     def __repr__(self) -> str:
@@ -406,7 +411,7 @@ class EventReader(AnswerReader):
     # (Messages': no id in them) has each answer's taken by shape from its first. A text event's
     # effect is its string whatever came before it in its stream; a tool call's piece is not passed
     # on (its call may not be open in the next stream). Set where a stream learns one (`_add_event`),
-    # with the read shape of the event shape (`whole_read`).
+    # with the read shape of the event shape (`whole_read`); taken by `AnswerReader.__init__`.
     _text_shapes: tuple[Shape, Shape, ReadShape | None] | None = None
     # Short whole events (`NAME\ndata: PAYLOAD`, at most QUIET_LEN bytes) of a type no handler takes,
     # each byte for byte one this API's readers parsed before: the same bytes, so the same object, a
@@ -414,12 +419,6 @@ class EventReader(AnswerReader):
     # QUIET_MAX; a server whose every such event differs fills it, and it is dropped (None: no more
     # look-ups). None: the API's are not looked up (Responses': each names its item).
     _quiet: set[bytes] | None = None
-
-    def __init__(self) -> None:
-        super().__init__()
-        known = self._text_shapes
-        if known is not None:
-            self._shape, self._event_shape, self._read = known
 
     def _shaped(self, obj: dict) -> tuple[bytes, str, int | None] | None:
         """A token event (its handler took it) whose whole effect is one output string: (its key,
