@@ -17,6 +17,9 @@ Flags (what a data event carried, or-ed over a read's events):
 - `ERROR`: an in-band error (`.error` keeps the first as a short line, `.errors` counts them).
 - `BAD_JSON`: a malformed event (not JSON, not an object, wrong-shaped fields): counted in
   `.bad_json` (the record's `bad_events`), its first bytes in `.first_bad`; never raises.
+
+Size: the readers' shared fast paths (`add_many`, `take_read`, `add_events` and its `_add_event`)
+stay beside the parse whose results they must equal, event for event.
 """
 
 from __future__ import annotations
@@ -521,9 +524,9 @@ class EventReader(AnswerReader):
         try:
             obj = _loads(payload)
         except _JSONDecodeError:
-            return self._add_one(payload)  # ([DONE], or malformed: counted there)
+            obj = None
         if type(obj) is not dict or type(t := obj.get("type")) is not str:
-            return self._add_one(payload)  # (malformed: counted there)
+            return self._add_one(payload)  # ([DONE], or malformed: counted there)
         self.chunks += 1
         handler = self.HANDLERS.get(t)
         if handler is None:  # (events this version does not know: 0)
@@ -551,12 +554,11 @@ class EventReader(AnswerReader):
                 shape = self._shape
                 self._learn(payload, *got)
                 learnt = self._shape
-                if learnt is not shape:  # learnt from this event: the same with its name line
-                    self._event_shape = (ev[:i + 7] + learnt[0], learnt[1], learnt[2])  # type: ignore[index]
-                    self._read = whole_read(b"event: " + self._event_shape[0], learnt[1] + b"\n\n",  # type: ignore[index]
-                                            learnt[2])  # type: ignore[index]
-                    if learnt[2] is None:  # type: ignore[index]  (text only: see _text_shapes)
-                        type(self)._text_shapes = (learnt, self._event_shape, self._read)  # type: ignore[assignment]
+                if learnt is not shape and learnt is not None:  # learnt from this event: the same with its name line
+                    self._event_shape = (ev[:i + 7] + learnt[0], learnt[1], learnt[2])
+                    self._read = whole_read(b"event: " + self._event_shape[0], learnt[1] + b"\n\n", learnt[2])
+                    if learnt[2] is None:  # (text only: see _text_shapes)
+                        type(self)._text_shapes = (learnt, self._event_shape, self._read)
         return flags
 
     def _add_one(self, payload: bytes) -> int:
