@@ -65,6 +65,14 @@ def _usage() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
+def _kernel() -> tuple[float, int]:
+    """System CPU seconds and minor page faults so far (this process and its workers): the part of
+    the CPU figure that instruction counts (callgrind) do not see."""
+    s = resource.getrusage(resource.RUSAGE_SELF)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_stime + c.ru_stime, s.ru_minflt + c.ru_minflt
+
+
 def _load_window() -> dict[str, float]:
     """The run's load window, as the baseline's: from the first agent's start (its first request)
     to the end of the last agent (its last completion), CPU and wall clock at each end; the run's
@@ -78,10 +86,12 @@ def _load_window() -> dict[str, float]:
     async def timed(*args, **kwargs):
         if "cpu0" not in window:
             window["cpu0"], window["t0"] = _usage(), time.perf_counter()
+            window["sys0"], window["flt0"] = _kernel()
         try:
             return await agent(*args, **kwargs)
         finally:
             window["cpu1"], window["t1"] = _usage(), time.perf_counter()
+            window["sys1"], window["flt1"] = _kernel()
 
     arrivals.run_agent = timed
     return window
@@ -107,11 +117,14 @@ def run(url: str, concurrency: int, rounds: int, out: Path, extra: list[str], wo
     sc = bench_scenario(url, concurrency, rounds, extra)
     cpu0 = _usage()
     t0 = time.perf_counter()
+    sys0, flt0 = _kernel()
     if workers > 1:
         from agentload.cluster.processes import Processes
 
         Processes(workers).execute(prepare(sc, out, url, embedded_mock=False, install_signals=False))
-        window = {"cpu0": cpu0, "t0": t0, "cpu1": _usage(), "t1": time.perf_counter()}  # (the whole run)
+        window = {"cpu0": cpu0, "t0": t0, "cpu1": _usage(), "t1": time.perf_counter(),  # (the whole run)
+                  "sys0": sys0, "flt0": flt0}
+        window["sys1"], window["flt1"] = _kernel()
     else:
         window = _load_window()
         asyncio.run(InProcess().run(prepare(sc, out, url, embedded_mock=False, install_signals=False)))
@@ -127,6 +140,7 @@ def run(url: str, concurrency: int, rounds: int, out: Path, extra: list[str], wo
     ok = [r for r in recs if r.outcome == "ok"]
     return {"client": label + (f" --workers {workers}" if workers > 1 else ""),
             "requests": len(ok), "chunks": sum(r.chunks for r in ok), "wall_s": wall, "cpu_s": cpu,
+            "sys_s": window["sys1"] - window["sys0"], "minflt": int(window["flt1"] - window["flt0"]),
             "rss_kb": rss_run, "rss_after_report_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             "errors_ns": errors_ns, "failed": len(recs) - len(ok),
             "verdict": summary["verdict"]["kind"], "verdict_summary": summary["verdict"]["summary"],

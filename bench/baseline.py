@@ -175,6 +175,7 @@ async def main_async(url: str, concurrency: int, requests: int, body_bytes: int,
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     return {"client": ("baseline" if parse == "json" else "floor") + ("" if api == "chat" else f" {api}"),
             "requests": totals[0], "chunks": totals[1], "wall_s": wall, "cpu_s": cpu,
+            "sys_s": r1.ru_stime - r0.ru_stime, "minflt": r1.ru_minflt - r0.ru_minflt,
             "rss_kb": r1.ru_maxrss, "errors_ns": errors_ns, "failed": concurrency * requests - totals[0]}
 
 

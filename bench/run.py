@@ -109,9 +109,16 @@ def paired_ratio(r: Row, b: Row) -> float:
     return r.rps_core / b.rps_core
 
 
+def _per_request(res: dict[str, Any], key: str, scale: float) -> str:
+    """A client's `key` per completed request ("-" from a client that does not measure it): the
+    kernel's share of the CPU figure (system time, minor page faults), which instruction counts miss."""
+    v = res.get(key)
+    return "-" if v is None or not res["requests"] else f"{v * scale / res['requests']:.1f}"
+
+
 def render(rows: list[Row]) -> str:
-    head = ("mode", "conc", "client", "req/s", "chunks/s", "CPU %", "server CPU %", "req/s/core", "chunks/s/core", "RSS MB",
-            "ttft err p50/p99 ms", "ratio/core")
+    head = ("mode", "conc", "client", "req/s", "chunks/s", "CPU %", "server CPU %", "req/s/core", "chunks/s/core",
+            "sys us/req", "faults/req", "RSS MB", "ttft err p50/p99 ms", "ratio/core")
     lines = [head]
     base: dict[tuple[str, int], Row] = {}
     for r in rows:
@@ -121,7 +128,8 @@ def render(rows: list[Row]) -> str:
         ratio = f"{paired_ratio(r, b):.2f}" if (b is not None and r is not b) else ""
         lines.append((r.mode, str(r.concurrency), r.name, f"{r.rps:,.0f}", f"{r.cps:,.0f}", f"{100 * r.cpu:.0f}",
                       f"{100 * r.res.get('server_cpu', 0):.0f}",
-                      f"{r.rps_core:,.0f}", f"{r.cps_core:,.0f}", f"{r.res['rss_kb'] / 1024:.0f}",
+                      f"{r.rps_core:,.0f}", f"{r.cps_core:,.0f}", _per_request(r.res, "sys_s", 1e6),
+                      _per_request(r.res, "minflt", 1), f"{r.res['rss_kb'] / 1024:.0f}",
                       f"{_f(r.err_ms(0.5))} / {_f(r.err_ms(0.99))}", ratio))
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     out = []

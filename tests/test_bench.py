@@ -33,7 +33,11 @@ def test_bench_runs_every_client_and_measures_the_timing_error(tmp_path):
         # the client sees the first token after the server sent it: same host, same clock
         assert r["err_p50_ms"] is not None and 0 <= r["err_p50_ms"] <= r["err_p99_ms"]
         assert r["cpu_s"] > 0 and r["rss_kb"] > 0
+        # the kernel's part of the CPU figure, within it (what callgrind's counts do not see)
+        assert 0 <= r["sys_s"] <= r["cpu_s"] and r["minflt"] >= 0
     assert all(r["verdict"] == "healthy" for r in rows if r["client"] == "agentload")
+    head = next(ln for ln in p.stdout.splitlines() if "ratio/core" in ln)
+    assert "sys us/req" in head and "faults/req" in head
 
 
 def test_bench_scale_small(tmp_path):
