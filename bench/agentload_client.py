@@ -59,18 +59,13 @@ def mean_body_bytes(concurrency: int, rounds: int, extra: list[str], first_round
     return int(sum(sizes) / len(sizes))
 
 
-def _usage() -> float:
+def _usage() -> tuple[float, float, int]:
+    """CPU seconds, of them system (kernel) seconds, and minor page faults so far, of this process
+    and its workers (the kernel's share is what instruction counts, callgrind's, do not see)."""
     s = resource.getrusage(resource.RUSAGE_SELF)
     c = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
-
-
-def _kernel() -> tuple[float, int]:
-    """System CPU seconds and minor page faults so far (this process and its workers): the part of
-    the CPU figure that instruction counts (callgrind) do not see."""
-    s = resource.getrusage(resource.RUSAGE_SELF)
-    c = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_stime + c.ru_stime, s.ru_minflt + c.ru_minflt
+    return (s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime, s.ru_stime + c.ru_stime,
+            s.ru_minflt + c.ru_minflt)
 
 
 def _load_window() -> dict[str, float]:
@@ -85,13 +80,11 @@ def _load_window() -> dict[str, float]:
 
     async def timed(*args, **kwargs):
         if "cpu0" not in window:
-            window["cpu0"], window["t0"] = _usage(), time.perf_counter()
-            window["sys0"], window["flt0"] = _kernel()
+            (window["cpu0"], window["sys0"], window["flt0"]), window["t0"] = _usage(), time.perf_counter()
         try:
             return await agent(*args, **kwargs)
         finally:
-            window["cpu1"], window["t1"] = _usage(), time.perf_counter()
-            window["sys1"], window["flt1"] = _kernel()
+            (window["cpu1"], window["sys1"], window["flt1"]), window["t1"] = _usage(), time.perf_counter()
 
     arrivals.run_agent = timed
     return window
@@ -115,16 +108,15 @@ def run(url: str, concurrency: int, rounds: int, out: Path, extra: list[str], wo
     from agentload.run.runner import InProcess
 
     sc = bench_scenario(url, concurrency, rounds, extra)
-    cpu0 = _usage()
+    cpu0, sys0, flt0 = _usage()
     t0 = time.perf_counter()
-    sys0, flt0 = _kernel()
     if workers > 1:
         from agentload.cluster.processes import Processes
 
         Processes(workers).execute(prepare(sc, out, url, embedded_mock=False, install_signals=False))
-        window = {"cpu0": cpu0, "t0": t0, "cpu1": _usage(), "t1": time.perf_counter(),  # (the whole run)
-                  "sys0": sys0, "flt0": flt0}
-        window["sys1"], window["flt1"] = _kernel()
+        cpu1, sys1, flt1 = _usage()
+        window = {"cpu0": cpu0, "sys0": sys0, "flt0": flt0, "t0": t0,  # (the whole run)
+                  "cpu1": cpu1, "sys1": sys1, "flt1": flt1, "t1": time.perf_counter()}
     else:
         window = _load_window()
         asyncio.run(InProcess().run(prepare(sc, out, url, embedded_mock=False, install_signals=False)))

@@ -545,20 +545,14 @@ class EventReader(AnswerReader):
         if not flags & TOKEN:
             self.no_choices += 1
             return flags
-        self.token_chunks += 1
-        if self.first_token_payload is None:
-            self.first_token_payload = payload
-        if self._learned < MAX_SHAPES:
-            got = self._shaped(obj)
-            if got is not None:
-                shape = self._shape
-                self._learn(payload, *got)
-                learnt = self._shape
-                if learnt is not shape and learnt is not None:  # learnt from this event: the same with its name line
-                    self._event_shape = (ev[:i + 7] + learnt[0], learnt[1], learnt[2])
-                    self._read = whole_read(b"event: " + self._event_shape[0], learnt[1] + b"\n\n", learnt[2])
-                    if learnt[2] is None:  # (text only: see _text_shapes)
-                        type(self)._text_shapes = (learnt, self._event_shape, self._read)
+        shape = self._shape
+        self._token_event(obj, payload)
+        learnt = self._shape
+        if learnt is not shape and learnt is not None:  # learnt from this event: the same with its name line
+            self._event_shape = (ev[:i + 7] + learnt[0], learnt[1], learnt[2])
+            self._read = whole_read(b"event: " + self._event_shape[0], learnt[1] + b"\n\n", learnt[2])
+            if learnt[2] is None:  # (text only: see _text_shapes)
+                type(self)._text_shapes = (learnt, self._event_shape, self._read)
         return flags
 
     def _add_one(self, payload: bytes) -> int:
@@ -579,16 +573,20 @@ class EventReader(AnswerReader):
         except (AttributeError, TypeError, KeyError, ValueError):
             return self._bad(payload)
         if flags & TOKEN:
-            self.token_chunks += 1
-            if self.first_token_payload is None:
-                self.first_token_payload = payload
-            if self._learned < MAX_SHAPES:
-                got = self._shaped(obj)
-                if got is not None:
-                    self._learn(payload, *got)
+            self._token_event(obj, payload)
         else:
             self.no_choices += 1
         return flags
+
+    def _token_event(self, obj: dict, payload: bytes) -> None:
+        """A parsed event its handler found a token in: counted, and its shape learnt if it has one."""
+        self.token_chunks += 1
+        if self.first_token_payload is None:
+            self.first_token_payload = payload
+        if self._learned < MAX_SHAPES:
+            got = self._shaped(obj)
+            if got is not None:
+                self._learn(payload, *got)
 
     def _token(self, kind: str) -> int:
         if self.first_kind is None:
