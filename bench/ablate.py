@@ -236,9 +236,16 @@ def _direct(p: Patch) -> None:
     p.set("agentload.run.transport:check_direct_path", lambda: False)
 
 
+def _writestep(p: Patch) -> None:
+    """Each request written at once, as it is made ready, not at the end of the loop step with the
+    others made ready in it (agentload.run.direct.WRITE_AT_STEP_END)."""
+    p.reads("agentload.run.direct:_Exchange.__aenter__", "WRITE_AT_STEP_END")
+    p.set("agentload.run.direct:WRITE_AT_STEP_END", False)
+
+
 ABLATIONS: dict[str, Callable[[Patch], None]] = {
     "sink": _sink, "idle": _idle, "ssefast": _ssefast, "ua": _ua, "convbuf": _convbuf, "sleep": _sleep, "gc": _gc,
-    "shape": _shape, "direct": _direct,
+    "shape": _shape, "direct": _direct, "writestep": _writestep,
 }
 
 

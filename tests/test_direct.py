@@ -235,3 +235,88 @@ async def test_the_total_timeout_ends_a_request_waiting_for_its_head_on_both_pat
         results.append((rq.classify_exception(e.value)[0], "sent" in trace.t, "first_byte" in trace.t))
         assert not getattr(pool, "_conns", {}), "a connection that got no answer went back to the pool"
     assert results == [("total_timeout", True, False)] * 2, results
+
+
+async def _ready_together(tr: Transport, n: int, prefix: str) -> list[Trace]:
+    """`n` requests made ready in one loop step (on connections already in the pool), read to the end."""
+    traces = [Trace("agent", i, 1, 0, f"{prefix}-{i}", 1, len(BODY), 10) for i in range(n)]
+    results = await asyncio.wait_for(asyncio.gather(*(rq.send(tr.session_for(0), tr.url, BODY, t) for t in traces)), 10)
+    assert [r.error for r in results] == [None] * n and all(r.stream.content == "hi" for r in results)
+    return traces
+
+
+@pytest.mark.parametrize("at_step_end", [True, False])
+async def test_requests_made_ready_in_one_loop_step_are_written_together_at_its_end(monkeypatch, at_step_end):
+    """The requests of a burst leave together: each request's write waits for the end of the loop
+    step in which it was made ready, so none is written while the others of that step are still
+    being made (with `WRITE_AT_STEP_END` off, the first is written before the last is made). Its
+    `sent` is stamped when its write is made, and each answer is read as before."""
+    from agentload.run import direct
+
+    monkeypatch.setattr(direct, "WRITE_AT_STEP_END", at_step_end)
+    with FakeServer(_answer) as srv:
+        tr = Transport(ClientConfig(limit=8, read_timeout_s=5, total_timeout_s=10), TargetConfig(), srv.url)
+        try:
+            assert tr.direct
+            await _ready_together(tr, 4, "t-warm")  # four connections in the pool
+            assert tr.pool_state()["idle"] == 4
+            traces = await _ready_together(tr, 4, "t-burst")
+            assert tr.pool_state()["idle"] == 4 and tr.connections_opened == 4
+        finally:
+            await tr.close()
+    assert all(t.reused for t in traces)
+    last_made = max(t.t["start"] for t in traces)
+    first_written = min(t.t["sent"] for t in traces)
+    assert (first_written > last_made) == at_step_end, [(t.t["start"], t.t["sent"]) for t in traces]
+    for t in traces:
+        assert t.t["start"] <= t.t["sent"] <= t.t["headers"] <= t.t["first_token"] <= t.t["end"]
+    assert len(srv.requests) == 8 and all(r == orjson.loads(BODY) for r in srv.requests)
+
+
+async def test_a_connection_closed_before_the_step_end_write_fails_the_request_in_send(monkeypatch):
+    """A connection closed between the request being made ready and the end of the step (the
+    server's close read in between): nothing is written, the request fails in `send` with the
+    error an immediate write to a closing transport gives, and the connection is not pooled."""
+    from agentload.run import direct
+
+    write = direct._write_request
+
+    def closed_first(proto, transport, *args):
+        transport.close()
+        write(proto, transport, *args)
+
+    monkeypatch.setattr(direct, "_write_request", closed_first)
+    with FakeServer(_answer) as srv:
+        tr = Transport(ClientConfig(read_timeout_s=5, total_timeout_s=10), TargetConfig(), srv.url)
+        trace = Trace("agent", 0, 1, 0, "t-closed", 1, len(BODY), 10)
+        try:
+            with pytest.raises(aiohttp.ClientConnectionResetError, match="Cannot write to closing transport"):
+                await asyncio.wait_for(rq.send(tr.session_for(0), tr.url, BODY, trace), 10)
+            assert tr.pool_state()["idle"] == 0 and tr.pool_state()["in_use"] == 0
+        finally:
+            await tr.close()
+        assert srv.requests == []
+    assert "sent" not in trace.t and "headers" not in trace.t and trace.phase() == "send"
+
+
+async def test_a_request_at_or_above_the_write_buffers_high_water_mark_is_written_at_once(monkeypatch):
+    """A body the transport may not take whole (at or above its high-water mark) is written at once,
+    in the request's own step, so that its `sent` waits for the transport to drain, as before."""
+    from agentload.run import direct
+
+    deferred = []
+    write = direct._write_request
+    monkeypatch.setattr(direct, "_write_request", lambda *a: (deferred.append(a[4].request_id), write(*a)))
+    big = orjson.dumps({"model": "fake", "stream": True, "max_tokens": 4,
+                        "messages": [{"role": "user", "content": "hello " * 20_000}]})
+    with FakeServer(_answer) as srv:
+        tr = Transport(ClientConfig(read_timeout_s=5, total_timeout_s=10), TargetConfig(), srv.url)
+        try:
+            for rid, body in (("t-small", BODY), ("t-big", big)):
+                trace = Trace("agent", 0, 1, 0, rid, 1, len(body), 10)
+                res = await asyncio.wait_for(rq.send(tr.session_for(0), tr.url, body, trace), 10)
+                assert res.error is None and "sent" in trace.t
+        finally:
+            await tr.close()
+        assert len(srv.requests[1]["messages"][0]["content"]) == 6 * 20_000
+    assert len(big) > 65536 and deferred == ["t-small"]
