@@ -4,6 +4,7 @@ against agentload as it is, alternated on the same server, the median of `--reps
     python -m bench.ab                                   # paced 256 and burst 64, every change
     python -m bench.ab --rows paced:256 --reps 5 --only sink,idle
     python -m bench.ab --scale 5000,10,800 --only convbuf,sleep,gc   # memory, GC pauses at scale
+    python -m bench.ab --rows burst:64 --only writestep --api messages   # one change, one API
 
 CPU per request (us of user+system CPU per completed request) is the figure that matters on a
 shared machine: it does not count time the process waited for a core. Peak RSS and the timing
@@ -49,7 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttft-ms", type=float, default=50.0)
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--interval-ms", type=float, default=5.0)
+    ap.add_argument("--api", choices=("chat", "messages", "responses"), default="chat",
+                    help="the API the agents speak (the bench server answers all three)")
     a = ap.parse_args(argv)
+    api_sets = [] if a.api == "chat" else [f'target.api="{a.api}"']
     names = [n for n in a.only.split(",") if n] or [n for n in ABLATIONS if not n.startswith("probe-")] + ["all"]
     srv_cpu, cli_cpu = cpus()
     print(f"machine: {machine()}")
@@ -65,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         for row in a.rows.split(","):
             mode, conc = row.split(":")
             plan.append((mode, int(conc), a.rounds, a.interval_ms if mode == "paced" else 0.0, a.chunks, []))
+    plan = [(mode, conc, rounds, interval, chunks, sets + api_sets)
+            for mode, conc, rounds, interval, chunks, sets in plan]
     print(f"{'row':12s} {'change turned off':18s} {'us/req off':>10s} {'us/req on':>10s} {'CPU':>7s} "
           f"{'RSS MB off/on':>14s} {'ttft err p99 ms off/on':>23s} {'max lag ms off/on':>18s}")
     for mode, conc, rounds, interval, chunks, sets in plan:
