@@ -16,8 +16,9 @@ exchange on the same connector, protocol and parser:
   of that step (`WRITE_AT_STEP_END`; a body at or above the transport's high-water mark, and a
   request of `agentload proxy`, at once); `sent` stamped once the write is handed to the transport
   (after a drain, if the transport asked for one). No redirect is followed (a 3xx is an answer,
-  judged as any other: agents POST to an API) and no cookie is kept. A body the server compressed though agentload asked
-  for identity is decompressed by aiohttp's parser (gzip, deflate), as under `session.post`.
+  judged as any other: agents POST to an API) and no cookie is kept. A body the server compressed
+  though agentload asked for identity is decompressed by aiohttp's parser (gzip, deflate), as
+  under `session.post`.
 
 Its aiohttp internals (pyproject pins the aiohttp minors they were tested with) are checked once
 per process (`missing_hooks`); if any is missing, requests go through `session.post` as before and
