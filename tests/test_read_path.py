@@ -216,12 +216,18 @@ async def test_a_connection_that_fails_leaves_the_request_in_connect():
     assert transport.current_trace.get() is None  # the task lets go of the trace once the request is over
 
 
-async def test_a_body_write_that_failed_is_not_sent_on_the_direct_path(monkeypatch):
+@pytest.mark.parametrize("at_step_end", [True, False])
+async def test_a_body_write_that_failed_is_not_sent_on_the_direct_path(monkeypatch, at_step_end):
     """The kernel refuses the request (its socket's write side shut down once the connection is
     made: the write fails with EPIPE, as on a connection reset under it), on the direct path
-    against the real mock: no `sent` stamp, the request fails in `send`, which is not the server's
-    phase, and the broken connection is not handed back to the pool."""
+    against the real mock, written at the end of the step or at once: no `sent` stamp, the request
+    fails in `send`, which is not the server's phase, and the broken connection is not handed back
+    to the pool."""
     import socket
+
+    from agentload.run import direct
+
+    monkeypatch.setattr(direct, "WRITE_AT_STEP_END", at_step_end)
 
     connect = transport._TracedConnector.connect
     pools = []

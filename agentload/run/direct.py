@@ -95,27 +95,31 @@ def _high_water(transport: Any) -> int:
         return 0
 
 
-def _closed_under_write(url: Any) -> str:
-    return f"Can not write request for {url}: the connection was closed under the write"
+def _written(proto: Any, transport: Any, tr: "Trace | None", url: Any) -> None:
+    """A request's write handed to the transport: `sent` stamped and the `sock_read` timer started
+    (as after aiohttp's body write), or, when the connection closed under the write (the transport
+    closes itself on a send error and tells the protocol a loop step later), the request failed in
+    `send`, with no `sent`: the error goes to the protocol its response is read from."""
+    if transport.is_closing() or proto.exception() is not None:
+        if proto.exception() is None:
+            proto.set_exception(aiohttp.ClientOSError(
+                f"Can not write request for {url}: the connection was closed under the write"))
+        return
+    if tr is not None:
+        tr.t["sent"] = _now()
+    proto.start_timeout()
 
 
 def _write_request(proto: Any, transport: Any, head: bytes, body: bytes, tr: "Trace | None", url: Any) -> None:
-    """A request's write at the end of the loop step (`WRITE_AT_STEP_END`), its `sent` stamped as
-    the write is made; a connection closed by then (the request cancelled and its connection
-    closed, the server's close read in the meantime) or under the write fails the request with the
-    error the immediate write raises, given to the protocol its response is read from."""
+    """A request's write at the end of the loop step (`WRITE_AT_STEP_END`). A connection closed by
+    then (the request given up and its connection closed, or the server's close read in between)
+    fails the request as a write to a closing transport does."""
     if transport.is_closing():
         if proto.exception() is None:
             proto.set_exception(ClientConnectionResetError("Cannot write to closing transport"))
         return
     transport.writelines((head, body))
-    if transport.is_closing() or proto.exception() is not None:
-        if proto.exception() is None:
-            proto.set_exception(aiohttp.ClientOSError(_closed_under_write(url)))
-        return
-    if tr is not None:
-        tr.t["sent"] = _now()
-    proto.start_timeout()  # sock_read counts from here, as after aiohttp's body write
+    _written(proto, transport, tr, url)
 
 
 class DirectPost:
@@ -222,14 +226,7 @@ class _Exchange:
                     transport.writelines((head, body))
                     if proto.writing_paused:
                         await proto._drain_helper()
-                    if transport.is_closing() or proto.exception() is not None:
-                        # the write failed (the transport closes itself on a send error and tells the
-                        # protocol a loop step later): no `sent`, the request failed in `send`
-                        raise aiohttp.ClientOSError(_closed_under_write(p.template.url))
-                    tr = self.trace
-                    if tr is not None:
-                        tr.t["sent"] = _now()
-                    proto.start_timeout()  # sock_read counts from here, as after aiohttp's body write
+                    _written(proto, transport, self.trace, p.template.url)  # (a failed write: raised by read)
                 while True:
                     try:
                         message, payload = await proto.read()
