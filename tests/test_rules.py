@@ -515,6 +515,27 @@ def _stall_with_canaries(outcomes: list[tuple[str, float]]) -> dict:
     return next(e for e in v["evidence"] if e.startswith("canaries"))
 
 
+def test_canaries_already_in_flight_when_the_first_stalled_request_was_sent_are_its_evidence():
+    """Sent a moment before the first stalled request and still running after it: they ran through
+    the stall as much as the next ones (with one canary every few seconds they may be all there
+    are). One that ended before it is not counted."""
+    run = RunBuilder(agents=2, rounds=2)
+    run.meta["scenario"]["canary"] = {"timeout_s": 5.0}
+    run.agents_done(range(2), range(1, 2))
+    first = run.stalled(0, 2, "ttfb").t["start"] / 1e6
+    run.stalled(1, 2, "ttfb")
+    run.add(-1, 1, kind="canary", call=0, at_ms=first - 50)  # ended 15 ms before it (35 ms)
+    for i in (1, 2):  # sent 1 ms before it, timed out 5 s later
+        run.add(-1, 1, kind="canary", call=i, outcome="error", error="read_timeout", ttfb_ms=None, at_ms=first - 1,
+                held_ms=5000)
+    v = diagnose(run.data())
+    assert v["kind"] == "server_stall", v
+    ev = next(e for e in v["evidence"] if e.startswith("canaries"))
+    assert "0/2 succeeded" in ev and "the server is not answering anyone" in ev, ev
+    assert "read_timeout x2" in ev, ev
+    assert not v["secondary"], v["secondary"]  # the stall's evidence, not a finding of their own
+
+
 def test_canaries_all_quick_say_the_hang_depends_on_the_agents():
     assert "the hang depends on the agents' state" in _stall_with_canaries([("ok", 20)] * 3)
 

@@ -190,11 +190,11 @@ class TimeCounts:
 
 class CanaryTally:
     """The canaries of a run, fed in stream order (`add(record, order)`): each completed one kept as
-    its start and e2e (ns; -1 when it has none) in two arrays, the others (failed, given up, cut
+    its last stamp and e2e (ns; -1 when it has none) in two arrays, the others (failed, given up, cut
     short) as records, put in the requests' order (the order keys given) by `close()`."""
 
     def __init__(self) -> None:
-        self.ok_start = array("q")
+        self.ok_last = array("q")
         self.ok_e2e = array("q")
         self._others: list[tuple[Any, Record]] = []
         self.others: list[Record] = []  # in the requests' order, once closed
@@ -205,7 +205,7 @@ class CanaryTally:
             self._others.append((order, r))
             return
         e2e = phase_ns(r.t, "e2e")
-        self.ok_start.append(r.t.get("start", 0))
+        self.ok_last.append(_last_stamp(r.t))
         self.ok_e2e.append(-1 if e2e is None else e2e)
 
     def close(self) -> "CanaryTally":
@@ -218,7 +218,7 @@ class CanaryTally:
 
     @property
     def ok(self) -> int:
-        return len(self.ok_start)
+        return len(self.ok_last)
 
     def failed(self) -> list[Record]:
         """The canaries that failed (neither completed nor cut short at the end), in order."""
@@ -228,17 +228,24 @@ class CanaryTally:
         """Canaries that got an answer or failed (a canary cut short at the end is neither)."""
         return self.ok + sum(1 for c in self.others if c.outcome != "cut_short")
 
-    def since(self, t0: int) -> tuple[int, list[int], list[Record]]:
+    def in_flight_from(self, t0: int) -> tuple[int, list[int], list[Record]]:
         """(how many completed, the e2e ns of those that have one, the failed ones) among the
-        canaries that started at or after t0 (a canary without a start counts as starting at 0)."""
+        canaries still running at t0 or started after it: those whose last stamp is at or after t0.
+        (Not only those sent after t0: a canary sent a moment before the first stalled request ran
+        through the stall as much as the next one, and one every canary.every_s may be all there is.)"""
         n = 0
         e2e: list[int] = []
-        for s, e in zip(self.ok_start, self.ok_e2e):
-            if s >= t0:
+        for last, e in zip(self.ok_last, self.ok_e2e):
+            if last >= t0:
                 n += 1
                 if e >= 0:
                     e2e.append(e)
-        return n, e2e, [c for c in self.failed() if c.t.get("start", 0) >= t0]
+        return n, e2e, [c for c in self.failed() if _last_stamp(c.t) >= t0]
+
+
+def _last_stamp(t: dict[str, int]) -> int:
+    """A request's last stamp (its end, when it has one); 0 without any."""
+    return max(t.values(), default=0)
 
 
 class ReuseTally:

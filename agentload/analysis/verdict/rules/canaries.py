@@ -71,15 +71,15 @@ def slow_canaries(f: Facts, failed: list[Record]) -> SlowCanaries | None:
 
 
 def canary_evidence(f: Facts, t0: int) -> list[str]:
-    """What the canaries (a fresh connection, a short prompt, every canary.every_s) saw from t0 on.
-    A canary the run cut short at its end is neither a success nor a failure."""
-    ok, ok_e2e, failed = f.canary.since(t0)
+    """What the canaries (a fresh connection, a short prompt, every canary.every_s) in flight at t0 or
+    sent after it saw. A canary the run cut short at its end is neither a success nor a failure."""
+    ok, ok_e2e, failed = f.canary.in_flight_from(t0)
     during = ok + len(failed)
     if not during:
         return []
     med = quantile_ms(ok_e2e, 50)
     quick = med is not None and med < f.after_s * 1000
-    text = (f"canaries (fresh connection, short prompt) sent after the first stalled request: "
+    text = (f"canaries (fresh connection, short prompt) in flight from the first stalled request on: "
             f"{ok}/{during} succeeded" + (f", median {_dur(med)}" if med is not None else ""))
     slow = slow_canaries(f, failed)
     if slow is not None:
