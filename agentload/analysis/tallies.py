@@ -22,6 +22,7 @@ from collections import Counter
 from typing import Any, Hashable
 
 from agentload.records import Record, phase_ns
+from agentload.records.phases import end_stamp
 
 
 class Spans:
@@ -190,7 +191,7 @@ class TimeCounts:
 
 class CanaryTally:
     """The canaries of a run, fed in stream order (`add(record, order)`): each completed one kept as
-    its last stamp and e2e (ns; -1 when it has none) in two arrays, the others (failed, given up, cut
+    its end stamp and e2e (ns; -1 when it has none) in two arrays, the others (failed, given up, cut
     short) as records, put in the requests' order (the order keys given) by `close()`."""
 
     def __init__(self) -> None:
@@ -205,7 +206,7 @@ class CanaryTally:
             self._others.append((order, r))
             return
         e2e = phase_ns(r.t, "e2e")
-        self.ok_last.append(_last_stamp(r.t))
+        self.ok_last.append(end_stamp(r.t))
         self.ok_e2e.append(-1 if e2e is None else e2e)
 
     def close(self) -> "CanaryTally":
@@ -230,7 +231,7 @@ class CanaryTally:
 
     def in_flight_from(self, t0: int) -> tuple[int, list[int], list[Record]]:
         """(how many completed, the e2e ns of those that have one, the failed ones) among the
-        canaries still running at t0 or started after it: those whose last stamp is at or after t0.
+        canaries still running at t0 or started after it: those whose end stamp is at or after t0.
         (Not only those sent after t0: a canary sent a moment before the first stalled request ran
         through the stall as much as the next one, and one every canary.every_s may be all there is.)"""
         n = 0
@@ -240,12 +241,7 @@ class CanaryTally:
                 n += 1
                 if e >= 0:
                     e2e.append(e)
-        return n, e2e, [c for c in self.failed() if _last_stamp(c.t) >= t0]
-
-
-def _last_stamp(t: dict[str, int]) -> int:
-    """A request's last stamp (its end, when it has one); 0 without any."""
-    return max(t.values(), default=0)
+        return n, e2e, [c for c in self.failed() if end_stamp(c.t) >= t0]
 
 
 class ReuseTally:

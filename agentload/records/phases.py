@@ -158,6 +158,13 @@ def _duration_of(p: Phase) -> Callable[[dict[str, int], bool | None], int | None
 DURATION: dict[str, Callable[[dict[str, int], bool | None], int | None]] = {p.name: _duration_of(p) for p in TABLE}
 
 
+def end_stamp(t: dict[str, int]) -> int:
+    """A request's end stamp, or its last stamp when it has none (failed or cut short before
+    its end was stamped); 0 when it has no stamp at all."""
+    end = t.get("end")
+    return end if end is not None else max(t.values(), default=0)
+
+
 def request_segments(t: dict[str, int]) -> list[tuple[str, int, int]]:
     """(phase, begin_ns, end_ns) for every phase the request entered, in order.
 
@@ -169,8 +176,7 @@ def request_segments(t: dict[str, int]) -> list[tuple[str, int, int]]:
     start = t.get("start")
     if start is None:
         return []
-    end = t.get("end")
-    last = end if end is not None else max(t.values())
+    last = end_stamp(t)
     out: list[tuple[str, int, int]] = []
     still_open = False  # an earlier phase began and never ended
     for i, p in enumerate(REQUEST):

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from agentload.records import Record, phase_at
-from agentload.records.phases import FIRST_PHASE, LAST_PHASE, PHASES, request_segments  # noqa: F401
+from agentload.records.phases import (  # noqa: F401
+    FIRST_PHASE,
+    LAST_PHASE,
+    PHASES,
+    end_stamp,
+    request_segments,
+)
 from agentload.records.rundir import start_key
 
 if TYPE_CHECKING:
@@ -58,10 +64,7 @@ class Lane:
 
 def seen_end(rec: Record) -> int | None:
     """The last moment a record shows: its end, else its latest stamp."""
-    t = rec.t
-    if not t:
-        return None
-    return t.get("end") or max(t.values())
+    return end_stamp(rec.t) if rec.t else None
 
 
 def run_end_ns(meta: dict[str, Any], samples: Sequence[dict[str, Any]], seen_max: int | None) -> int:

@@ -18,6 +18,7 @@ from agentload.analysis.router.state import (
     PassState,
 )
 from agentload.analysis.router.tallies import BackendTally, RoundTally, rate, ttft_ns
+from agentload.records.phases import end_stamp
 from agentload.records.record import Record
 
 
@@ -35,7 +36,7 @@ class RouterPass(PassState):
         s, e = t.get("start"), t.get("end")
         if s is not None:
             self.min_start = s if self.min_start is None else min(self.min_start, s)
-        end = e if e is not None else (max(t.values()) if t else None)
+        end = end_stamp(t) if t else None
         if end is not None:
             self.max_end = end if self.max_end is None else max(self.max_end, end)
         if r.kind != "agent":

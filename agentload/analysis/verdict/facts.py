@@ -49,7 +49,7 @@ from agentload.analysis.verdict.pool import (
 from agentload.analysis.verdict.samples import SampleDigest
 from agentload.records import PROBE_KINDS, Record, phase_ns, tool_calls_sendable
 from agentload.records.fleet import MIN_NAMED_BACKENDS
-from agentload.records.phases import SERVER_PHASES
+from agentload.records.phases import SERVER_PHASES, end_stamp
 from agentload.records.record import TRUNCATED
 
 if TYPE_CHECKING:
@@ -218,7 +218,7 @@ class FactsAccumulator:
         s = t.get("start")
         if s is not None:
             self.min_start = s if self.min_start is None else min(self.min_start, s)
-        e = t.get("end") if "end" in t else (max(t.values()) if t else None)
+        e = end_stamp(t) if t else None
         if e is not None:
             self.max_end = e if self.max_end is None else max(self.max_end, e)
         if r.backend is not None and len(self.backends) < MIN_NAMED_BACKENDS:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from agentload.analysis.stats import SparseHistogram, percentiles_ms
 from agentload.records import Record
-from agentload.records.phases import phase_begin, phase_ns
+from agentload.records.phases import end_stamp, phase_begin, phase_ns
 
 if TYPE_CHECKING:
     from agentload.records.rundir import RunData
@@ -47,11 +47,6 @@ class Waited:
         return self.n
 
 
-def end_ns(t: dict[str, int]) -> int:
-    """A request's end stamp, or its last stamp when it has none (cut short)."""
-    return t["end"] if "end" in t else max(t.values())
-
-
 def queued_span(t: dict[str, int]) -> tuple[int, int] | None:
     """When a request waited for a connection: its last queued_start to its queued_end, or to its
     end when it was still queued then (aiohttp's connector queues a waiter again when another took
@@ -60,7 +55,7 @@ def queued_span(t: dict[str, int]) -> tuple[int, int] | None:
     if qs is None:
         return None
     qe = t.get("queued_end")
-    return qs, (qe if qe is not None and qe >= qs else max(qs, end_ns(t)))
+    return qs, (qe if qe is not None and qe >= qs else max(qs, end_stamp(t)))
 
 
 class StallWindows:
@@ -70,7 +65,7 @@ class StallWindows:
     held: the stall explains that queue, up to as many requests as it held connections."""
 
     def __init__(self, stalled: Iterable[Record]) -> None:
-        spans = sorted((phase_begin(r.t, "send") or r.t.get("start", 0), end_ns(r.t)) for r in stalled if r.t)
+        spans = sorted((phase_begin(r.t, "send") or r.t.get("start", 0), end_stamp(r.t)) for r in stalled if r.t)
         self.held_ns = sum(b - a for a, b in spans)  # connection-time the stalled requests held
         self.lo: list[int] = []
         self.hi: list[int] = []

@@ -13,8 +13,8 @@ from agentload.analysis.verdict.error_classes import TIMEOUT_ERRORS
 from agentload.analysis.verdict.facts import Facts, token_pace_ns
 from agentload.analysis.verdict.kinds import Finding, Kind
 from agentload.analysis.verdict.naming import fmt_counts
-from agentload.analysis.verdict.pool import end_ns
 from agentload.records import Record, phase_at
+from agentload.records.phases import end_stamp
 
 # canaries timed out "behind the same slowness" as the agents when, at the agents' own pace, a
 # canary's answer takes at least this share of canary.timeout_s
@@ -110,7 +110,7 @@ def rule_canary_failures(f: Facts) -> Finding | None:
     failed = f.canary.failed()
     w = f.stall_windows
     if w is not None:
-        failed = [c for c in failed if not c.t or not w.touches(c.t.get("start", 0), end_ns(c.t))]
+        failed = [c for c in failed if not c.t or not w.touches(c.t.get("start", 0), end_stamp(c.t))]
     if not failed:
         return None
     sent = f.canary.sent()
