@@ -458,6 +458,17 @@ def test_time_counts_keep_cells_not_events_and_regroup_into_about_sixty_buckets(
     assert sum(rows["b0"]) + sum(rows["b1"]) == 100_000
 
 
+def test_time_counts_within_a_span_count_only_the_cells_wholly_inside_it():
+    tc = TimeCounts(1_000, 60)
+    for ms in (5, 15, 25, 35, 45):  # one event in each 10 ms cell from the origin on
+        tc.add("b0", 1_000 + ms * MS)
+    tc.add("b1", 1_000 + 25 * MS)
+    assert tc.within(1_000 + 10 * MS, 1_000 + 40 * MS) == {"b0": 3, "b1": 1}  # cells 1, 2, 3
+    assert tc.within(1_000 + 11 * MS, 1_000 + 39 * MS) == {"b0": 1, "b1": 1}  # cell 2 only: 1 and 3 stick out
+    assert tc.within(1_000 + 12 * MS, 1_000 + 19 * MS) == {}  # shorter than a cell: nothing is sure
+    assert tc.within(0, 1_000 + 20 * MS) == {"b0": 2}  # before the origin: from cell 0
+
+
 def test_target_metrics_of_a_synthetic_run_load(tmp_path):
     run = _leak_run(2.0)
     run.write(tmp_path)

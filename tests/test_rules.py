@@ -188,6 +188,34 @@ def test_requests_waiting_for_headers_while_nothing_else_moves_are_a_stall_not_a
     assert v["kind"] == "server_stall", v
 
 
+def _hung_backend_behind_a_router(answered_on: str) -> RunBuilder:
+    """A fleet of three: six requests routed to b1 wait for headers for 15 s (given up) while one
+    request a second completes on `answered_on`; the samples meanwhile see others past headers
+    and the completed count grow, as a queue's would."""
+    run = RunBuilder(agents=8, rounds=3, after_s=5.0).fleet(3, logs=False)
+    for a in range(2, 8):
+        run.stalled(a, 1, "ttfb", at_ms=2_000, held_ms=15_000, backend="b1")
+    for i in range(10):
+        run.ok(i % 2, 1 + i // 2, at_ms=3_000 + 1_000 * i, backend=answered_on)
+    for i in range(4):
+        run.sample(inflight={"ttfb": 6, "stream": 1}, stalled=6, stalled_by={"1/ttfb": 6}, counts={"ok": 2 + i})
+    return run
+
+
+def test_requests_waiting_on_a_hung_backend_while_other_backends_answer_are_a_stall_not_a_queue():
+    """Behind a router "the server answered others" may be other backends: with every waiting request's
+    backend known and, while they waited, answers completed on other backends only, theirs is hung,
+    not queueing (a scheduled hang on b1 of the router soak was once named a queue of 1 slot). When
+    their own backend answered too, it is a queue as before."""
+    v = diagnose(_hung_backend_behind_a_router("b0").data())
+    assert (v["kind"], v["phase"]) == ("server_stall", "ttfb"), v
+    ev = "\n".join(v["evidence"])
+    assert "10 request(s) completed on other backends (b0 10) and none on b1, where they went" in ev, ev
+    assert "a queue in front of" not in ev, ev
+    v = diagnose(_hung_backend_behind_a_router("b1").data())
+    assert v["kind"] == "server_queue", v
+
+
 def test_the_queue_quotes_llamacpp_busy_slots_and_deferred_requests(tmp_path):
     run = _slot_queue([2, 2, 2])
     url = "http://127.0.0.1:9/metrics"

@@ -172,6 +172,14 @@ class TimeCounts:
                 out[i // 10] = out.get(i // 10, 0) + n
             self.cells[label] = out
 
+    def within(self, lo_ns: int, hi_ns: int) -> dict[Hashable, int]:
+        """{label: events in the cells that lie wholly inside lo_ns .. hi_ns}: what surely happened
+        in that span (nothing, when it is shorter than a cell)."""
+        first = -(-max(0, lo_ns - self.t0) // self.cell_ns)  # the first cell that starts at or after lo
+        last = (hi_ns - self.t0) // self.cell_ns - 1  # the last cell that ends at or before hi
+        return {label: n for label, c in self.cells.items()
+                if (n := sum(k for i, k in c.items() if first <= i <= last))}
+
     def result(self, end_ns: int) -> tuple[float, dict[Hashable, list[int]]]:
         """(bucket width in s, {label: count per bucket}); the buckets cover t0 .. end_ns (and
         whatever came later: the last bucket runs to the latest event)."""

@@ -35,6 +35,7 @@ from agentload.analysis.tallies import (
     ReuseTally,
     SizeCounts,
     Spans,
+    TimeCounts,
 )
 from agentload.analysis.verdict.error_classes import PROTOCOL_ERRORS
 from agentload.analysis.verdict.pool import (
@@ -161,7 +162,7 @@ class FactsAccumulator:
     e2e, ttfb, time to first token), each prompt size's count, and per agent its rounds and its
     last request (`AgentTally`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, t0_ns: int = 0) -> None:
         self.seq = 0
         self.requests = 0
         self.agent_state: dict[int, AgentTally] = {}
@@ -188,6 +189,9 @@ class FactsAccumulator:
         self.min_start: int | None = None  # the first start and the last end of any request (canaries too)
         self.max_end: int | None = None
         self.backends: set[str] = set()  # backend names the records gave (the first MIN_NAMED_BACKENDS)
+        # completed agent requests by the backend their records name, over time (when they ended): which
+        # backends answered while others' requests waited (t0: run.json's t0_ns, the cells' origin)
+        self.done_on = TimeCounts(t0_ns)
         self.conns = ReuseTally()  # agent requests on new and on reused connections
         self.fine_server_prompt_max: int | None = None  # the largest prompt that completed, by the server's count
         self._probes: list[tuple[tuple[int, int], Record]] = []
@@ -246,6 +250,8 @@ class FactsAccumulator:
         ok = r.outcome == "ok"
         if ok:
             st.completed(r.round, bool(r.stalled_phase))
+            if r.backend is not None and "end" in r.t:
+                self.done_on.add(r.backend, r.t["end"])
             if r.call:
                 self.retried_ok.add((r.agent, r.conversation, r.round))
         st.saw(r, key, keep=bad or bool(problems))
@@ -322,7 +328,7 @@ class Facts:
 
     def __init__(self, data: RunData, acc: FactsAccumulator | None = None, router: RouterFacts | None = None) -> None:
         if acc is None:
-            acc = FactsAccumulator()
+            acc = FactsAccumulator(int(data.meta.get("t0_ns") or 0))
             one_pass(data, [acc])
         acc.close()
         self.acc = acc

@@ -21,7 +21,7 @@ from agentload.analysis.verdict.rules.canaries import canary_evidence
 from agentload.analysis.verdict.rules.evidence import threshold_evidence
 from agentload.analysis.verdict.rules.probes import probe_reading
 from agentload.records import Record, phase_ns
-from agentload.records.phases import SERVER_PHASES
+from agentload.records.phases import SERVER_PHASES, end_stamp
 
 
 @dataclass
@@ -38,6 +38,7 @@ class _Stall:
     stopped: set[int]  # agents whose conversation it ended
     work: EngineWork | None  # the engine kept working meanwhile (its own counters)
     queue: bool  # a queue in front of the server's slots, not a hang
+    elsewhere: str | None  # why it is no queue although others were answered: they were, on other backends
     slots: int
     thr_text: str | None  # a prompt-size threshold
     thr: int | None
@@ -86,10 +87,38 @@ def _read_stall(f: Facts) -> _Stall | None:
     if main_phase == "ttfb" and not f.sample_digest.queue:  # the engine's own counters may still show it working
         work = engine_work(f.data, [r for r in st if r.stalled_phase == "ttfb"])
     queue = main_phase == "ttfb" and (f.sample_digest.queue or work is not None)
+    elsewhere = _answered_elsewhere(f, [r for r in st if r.stalled_phase == "ttfb"]) if queue else None
+    queue = queue and elsewhere is None
     all_finished = all(r.outcome == "ok" for r in st)
     cause, keep_thr, probe_ev = probe_reading(f, st, thr, all_finished)
     return _Stall(st, main_phase, min(r.round for r in st), {r.agent for r in st}, all_finished, behind,
-                  behind_timeouts, stopped, work, queue, queue_size(f, work), thr_text, thr, cause, keep_thr, probe_ev)
+                  behind_timeouts, stopped, work, queue, elsewhere, queue_size(f, work), thr_text, thr, cause, keep_thr,
+                  probe_ev)
+
+
+def _answered_elsewhere(f: Facts, waiting: list[Record]) -> str | None:
+    """Requests waited for headers while others were answered: behind a router, were those answered
+    by the waiting requests' own backend(s)? When every waiting request's backend is known and, while
+    they waited, requests completed on other backends and none on theirs, the answers seen were
+    elsewhere: no queue in front of their backend's slots (a hang there). The evidence line; None
+    otherwise (unknown backends, or their backend answered too: the queue reading stands)."""
+    if not waiting or not f.backends_known:
+        return None
+    att = f.backends_of(waiting)
+    theirs = {att.get(id(r)) for r in waiting}
+    if None in theirs:
+        return None
+    lo = min(r.t.get("sent", r.t.get("start", 0)) for r in waiting)
+    hi = max(end_stamp(r.t) for r in waiting)
+    done = f.acc.done_on.within(lo, hi)
+    others = {b: n for b, n in done.items() if b not in theirs}
+    if not others or any(done.get(b) for b in theirs):
+        return None
+    names = ", ".join(sorted(str(b) for b in theirs))
+    return (f"while the requests waited for headers, {sum(others.values())} request(s) completed on other backends "
+            f"({', '.join(f'{b} {n}' for b, n in sorted(others.items(), key=lambda x: str(x[0])))}) and none on "
+            f"{names}, where they went: the answers the samples saw came from elsewhere, so this is no queue in "
+            f"front of {names}'s slots")
 
 
 def _stall_headline(f: Facts, s: _Stall) -> str:
@@ -147,6 +176,8 @@ def _stalled_evidence(f: Facts, s: _Stall) -> list[str]:
     ev = [f"stalled requests by round and phase: {fmt_phase_counts(Counter((r.round, r.stalled_phase) for r in st))}"]
     if s.queue:
         ev.extend(queue_evidence(f, s.work, s.slots))
+    elif s.elsewhere:
+        ev.append(s.elsewhere)
     ev.extend(f.backend_lines(st, "stalled"))  # the backend(s) behind a router, where records or logs say it
     if s.thr_text:
         ev.append(s.thr_text + ("" if s.keep_thr else "; a correlation only: the probes contradict it"))
