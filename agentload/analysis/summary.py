@@ -50,7 +50,7 @@ class SummaryPass:
         self.router_facts = RouterFacts(data) if data is not None else None
         self.router = RouterPass(data, self.router_facts) if data is not None else None
         self.rounds = RoundStats()
-        self.facts = FactsAccumulator(int(data.meta.get("t0_ns") or 0) if data is not None else 0)
+        self.facts = FactsAccumulator.for_run(data)
         self.records = 0
         self.max_end: int | None = None  # latest end stamp (the duration of a run that never ended)
         self.cut_short = 0  # agent requests still in flight when the run ended

@@ -204,6 +204,11 @@ class FactsAccumulator:
         self.retried_ok: set[tuple[int, int, int]] = set()
         self._closed = False
 
+    @classmethod
+    def for_run(cls, data: "RunData | None") -> "FactsAccumulator":
+        """An accumulator for `data`'s records (its time counts from run.json's t0_ns; 0 without data)."""
+        return cls(int(data.meta.get("t0_ns") or 0) if data is not None else 0)
+
     def add(self, r: Record) -> None:
         self.seq += 1
         key = order_key(r, self.seq)
@@ -328,7 +333,7 @@ class Facts:
 
     def __init__(self, data: RunData, acc: FactsAccumulator | None = None, router: RouterFacts | None = None) -> None:
         if acc is None:
-            acc = FactsAccumulator(int(data.meta.get("t0_ns") or 0))
+            acc = FactsAccumulator.for_run(data)
             one_pass(data, [acc])
         acc.close()
         self.acc = acc

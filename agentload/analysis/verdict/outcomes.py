@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 def agent_outcomes(data: RunData, acc: FactsAccumulator | None = None) -> list[dict[str, Any]]:
     """summary.json's agents: how each conversation ended, from the per-agent state of the pass."""
     if acc is None:
-        acc = FactsAccumulator(int(data.meta.get("t0_ns") or 0))
+        acc = FactsAccumulator.for_run(data)
         one_pass(data, [acc])
     sc = data.meta.get("scenario") or {}
     max_rounds = int((sc.get("agents") or {}).get("rounds") or 0)

@@ -114,9 +114,9 @@ def _answered_elsewhere(f: Facts, waiting: list[Record]) -> str | None:
     others = {b: n for b, n in done.items() if b not in theirs}
     if not others or any(done.get(b) for b in theirs):
         return None
-    names = ", ".join(sorted(str(b) for b in theirs))
+    names = ", ".join(sorted(str(b) for b in theirs))  # (None is not among them: checked above)
     return (f"while the requests waited for headers, {sum(others.values())} request(s) completed on other backends "
-            f"({', '.join(f'{b} {n}' for b, n in sorted(others.items(), key=lambda x: str(x[0])))}) and none on "
+            f"({', '.join(f'{b} {n}' for b, n in sorted(others.items()))}) and none on "
             f"{names}, where they went: the answers the samples saw came from elsewhere, so this is no queue in "
             f"front of {names}'s slots")
 
